@@ -1,0 +1,109 @@
+"""Bytes <-> batches: the msgpack encoding shared by Kafka messages and trace files.
+
+A Kafka message value is exactly one encoded batch.  A trace file is a short header
+followed by *frames*; each frame is ``length (u32 BE) | crc32 (u32 BE) | payload`` where
+the payload is the same bytes as a Kafka message value.  Framing with a length and a
+checksum is what lets a reader tell the two failure modes apart:
+
+* a torn last frame (the writer was killed mid-write) is expected after a crash: it is
+  reported as truncation and the complete frames before it are still returned;
+* a bad checksum or impossible length *inside* the file is real corruption: it raises
+  `TraceCorruption` naming the byte offset.
+
+Nothing here opens files: callers hand in a binary stream, so the core stays free of
+I/O policy (paths, permissions, directories).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Any, BinaryIO, Iterator
+
+import msgpack
+
+from .events import Batch, SchemaError, validate_batch
+
+TRACE_MAGIC = b"TWTRACE\x01"
+TRACE_SUFFIX = ".twtrace"
+FRAME_HEADER = struct.Struct(">II")
+#: Upper bound for one batch; larger frames are treated as corruption, larger Kafka
+#: messages are dead-lettered as oversized.
+MAX_BATCH_BYTES = 64 * 1024 * 1024
+
+
+class TraceCorruption(ValueError):
+    """A trace file that is damaged somewhere other than a torn final frame."""
+
+    def __init__(self, message: str, offset: int) -> None:
+        super().__init__(message)
+        self.offset = offset
+
+
+def encode_batch(batch: Batch) -> bytes:
+    return msgpack.packb(batch, use_bin_type=True)
+
+
+def decode_batch(payload: bytes, *, max_bytes: int = MAX_BATCH_BYTES) -> Batch:
+    """Decode and validate one batch; every failure is a `SchemaError` with a reason."""
+    if len(payload) > max_bytes:
+        raise SchemaError("oversized", f"batch of {len(payload)} bytes exceeds {max_bytes}")
+    try:
+        obj: Any = msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError) as exc:
+        raise SchemaError("undecodable", f"not a msgpack batch: {exc}") from None
+    except Exception as exc:  # msgpack raises assorted types on hostile input
+        raise SchemaError("undecodable", f"not a msgpack batch: {type(exc).__name__}: {exc}") from None
+    return validate_batch(obj)
+
+
+def encode_frame(payload: bytes) -> bytes:
+    return FRAME_HEADER.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+@dataclass
+class FrameScan:
+    """What reading a trace stream found besides the good frames."""
+
+    frames: int = 0
+    truncated_at: int | None = None  # offset of a torn final frame, if any
+
+
+def iter_frames(stream: BinaryIO, scan: FrameScan | None = None) -> Iterator[bytes]:
+    """Yield frame payloads from a trace stream positioned at its start.
+
+    A torn final frame ends iteration and is recorded in ``scan.truncated_at``.
+    """
+    scan = scan if scan is not None else FrameScan()
+    magic = stream.read(len(TRACE_MAGIC))
+    if magic != TRACE_MAGIC:
+        if len(magic) < len(TRACE_MAGIC) and TRACE_MAGIC.startswith(magic):
+            scan.truncated_at = 0
+            return
+        raise TraceCorruption("not a trainwatch trace (bad magic header)", 0)
+    offset = len(TRACE_MAGIC)
+    while True:
+        header = stream.read(FRAME_HEADER.size)
+        if not header:
+            return
+        if len(header) < FRAME_HEADER.size:
+            scan.truncated_at = offset
+            return
+        length, crc = FRAME_HEADER.unpack(header)
+        if length > MAX_BATCH_BYTES:
+            raise TraceCorruption(f"frame length {length} is impossible", offset)
+        payload = stream.read(length)
+        if len(payload) < length:
+            scan.truncated_at = offset
+            return
+        if zlib.crc32(payload) != crc:
+            # A checksum mismatch on the very last frame is a torn write whose length
+            # header landed but whose payload did not fully reach the disk.
+            if not stream.read(1):
+                scan.truncated_at = offset
+                return
+            raise TraceCorruption("frame checksum mismatch", offset)
+        scan.frames += 1
+        yield payload
+        offset += FRAME_HEADER.size + length

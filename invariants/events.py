@@ -1,0 +1,171 @@
+"""The event model: what a training process says about itself, per rank and step.
+
+This module is the wire contract between producers and checkers (DESIGN §2). It is
+deliberately made of plain dicts and lists rather than classes: batches are decoded
+from msgpack at tens of thousands per second, and a dict is what msgpack gives us for
+free.  The validators here turn untrusted input into a precise `SchemaError` instead of
+a `KeyError` deep inside a relation.
+
+A *batch* is the unit on the wire and in trace files::
+
+    {"v": 1, "run": "r1", "rank": 0, "world": 2, "step": 7, "seq": 12,
+     "events": [event, ...]}
+
+Every event carries ``kind``, ``t`` (wall-clock ns), ``pid``, ``tid``, ``stage`` and
+kind-specific fields:
+
+``call``   ``name`` (qualified API name), ``phase`` (``pre`` | ``post`` | ``exc``),
+           ``cid`` (call id, unique per process; ``pre`` and ``post`` share it),
+           ``parent`` (cid of the enclosing recorded call or None), ``args``
+           (name -> value summary), ``ret`` (summary, ``post`` only), ``exc`` and
+           ``msg`` (``exc`` only), ``ctx`` (active context, e.g. autocast dtype,
+           grad mode).
+``state``  ``name`` (variable name, e.g. ``model.fc.weight``), ``vtype`` (e.g.
+           ``torch.nn.Parameter``), ``at`` (where the snapshot was taken, e.g.
+           ``pre:torch.optim.Adam.step``), ``cid`` (the call it brackets, if any),
+           ``attrs`` (shape, dtype, device, requires_grad, data/grad digests, norms).
+``step``   ``phase`` (``begin`` | ``end``).
+``meta``   ``what`` (``run_start`` | ``run_end`` | ``producer_stats`` | ...), plus
+           free-form fields (versions, argv, dropped event counts).
+
+A value summary is a scalar (None, bool, int, float, str), a short list of
+summaries, or a dict with a ``"T"`` key naming the summarised type (``"tensor"``
+with shape/dtype/device/requires_grad, ``"obj"`` with the type name, ...).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+SCHEMA_VERSION = 1
+SUPPORTED_VERSIONS = frozenset({1})
+
+EVENT_KINDS = frozenset({"call", "state", "step", "meta"})
+CALL_PHASES = frozenset({"pre", "post", "exc"})
+STEP_PHASES = frozenset({"begin", "end"})
+
+#: Stages a producer reports; other strings are allowed (user annotations) but these
+#: are the ones the shipped invariants speak about.
+KNOWN_STAGES = ("init", "train", "eval", "checkpoint", "end")
+
+Batch = dict[str, Any]
+Event = dict[str, Any]
+
+_BATCH_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "v": int,
+    "run": str,
+    "rank": int,
+    "world": int,
+    "step": int,
+    "seq": int,
+    "events": list,
+}
+_EVENT_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "kind": str,
+    "t": int,
+    "pid": int,
+    "tid": int,
+    "stage": str,
+}
+_KIND_FIELDS: dict[str, dict[str, type | tuple[type, ...]]] = {
+    "call": {"name": str, "phase": str, "cid": int},
+    "state": {"name": str, "attrs": dict},
+    "step": {"phase": str},
+    "meta": {"what": str},
+}
+
+
+class SchemaError(ValueError):
+    """Input that does not follow the event contract.
+
+    ``reason`` is a short, stable, label-safe word (used as a metric label and in
+    dead-letter records); the message says exactly which field was wrong.
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def batch_key(run: str, step: int) -> bytes:
+    """Kafka key that puts every rank's events of one step on the same partition."""
+    return f"{run}:{step}".encode()
+
+
+def make_batch(
+    *, run: str, rank: int, world: int, step: int, seq: int, events: list[Event]
+) -> Batch:
+    return {
+        "v": SCHEMA_VERSION,
+        "run": run,
+        "rank": rank,
+        "world": world,
+        "step": step,
+        "seq": seq,
+        "events": events,
+    }
+
+
+def _check_fields(obj: Mapping[str, Any], spec: Mapping[str, Any], where: str) -> None:
+    for field, expected in spec.items():
+        if field not in obj:
+            raise SchemaError("missing_field", f"{where}: missing field {field!r}")
+        value = obj[field]
+        # bool is an int subclass; a bool where an int is expected is a bug upstream.
+        if expected is int and isinstance(value, bool):
+            raise SchemaError("wrong_type", f"{where}: field {field!r} must be int, got bool")
+        if not isinstance(value, expected):
+            raise SchemaError(
+                "wrong_type",
+                f"{where}: field {field!r} must be "
+                f"{getattr(expected, '__name__', expected)}, got {type(value).__name__}",
+            )
+
+
+def validate_event(event: Any, where: str = "event") -> Event:
+    """Check one event's envelope and kind-specific fields; return it unchanged."""
+    if not isinstance(event, dict):
+        raise SchemaError("wrong_type", f"{where}: must be a map, got {type(event).__name__}")
+    _check_fields(event, _EVENT_FIELDS, where)
+    kind = event["kind"]
+    if kind not in EVENT_KINDS:
+        raise SchemaError("unknown_kind", f"{where}: unknown kind {kind!r}")
+    _check_fields(event, _KIND_FIELDS[kind], f"{where} ({kind})")
+    if kind == "call" and event["phase"] not in CALL_PHASES:
+        raise SchemaError("bad_value", f"{where}: call phase {event['phase']!r} is not pre/post/exc")
+    if kind == "step" and event["phase"] not in STEP_PHASES:
+        raise SchemaError("bad_value", f"{where}: step phase {event['phase']!r} is not begin/end")
+    return event
+
+
+def validate_batch(batch: Any) -> Batch:
+    """Check a decoded batch against the contract; return it unchanged.
+
+    Raises `SchemaError` with reason ``unknown_version`` for a version this build
+    cannot read, so that a newer producer's output is dead-lettered rather than
+    misread.
+    """
+    if not isinstance(batch, dict):
+        raise SchemaError("wrong_type", f"batch must be a map, got {type(batch).__name__}")
+    version = batch.get("v")
+    if isinstance(version, int) and not isinstance(version, bool):
+        if version not in SUPPORTED_VERSIONS:
+            raise SchemaError(
+                "unknown_version",
+                f"batch schema version {version} is not supported "
+                f"(this build reads {sorted(SUPPORTED_VERSIONS)})",
+            )
+    _check_fields(batch, _BATCH_FIELDS, "batch")
+    if batch["rank"] < 0 or batch["world"] < 1 or batch["rank"] >= batch["world"]:
+        raise SchemaError(
+            "bad_value", f"batch: rank {batch['rank']} is outside world size {batch['world']}"
+        )
+    if batch["step"] < 0:
+        raise SchemaError("bad_value", f"batch: negative step {batch['step']}")
+    for index, event in enumerate(batch["events"]):
+        validate_event(event, f"batch.events[{index}]")
+    return batch
+
+
+def is_step_end(event: Event) -> bool:
+    return event.get("kind") == "step" and event.get("phase") == "end"

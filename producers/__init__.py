@@ -1,0 +1,1 @@
+"""Instrumentation of a PyTorch training process and the sinks that ship its events."""

@@ -1,0 +1,1 @@
+"""The Faust stream processors that run the invariant engine on Kafka."""

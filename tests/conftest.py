@@ -1,0 +1,38 @@
+"""Shared fixtures: real brokers on free loopback ports, started and stopped by the tests."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+
+
+@pytest.fixture
+def kafka_broker(tmp_path):
+    """A fresh tansu broker per test: memory storage, so no state leaks between tests."""
+    from stream_checkers.embedded_broker import EmbeddedBroker
+
+    broker = EmbeddedBroker(log_path=tmp_path / "broker.log")
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture
+def python_exe() -> str:
+    return sys.executable
+
+
+@pytest.fixture
+def clean_env() -> dict[str, str]:
+    """The environment a child training process should see: no leaked trainwatch settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINWATCH_")}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env

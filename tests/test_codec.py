@@ -1,0 +1,84 @@
+import io
+
+import msgpack
+import pytest
+
+from invariants.codec import (
+    TRACE_MAGIC,
+    FrameScan,
+    TraceCorruption,
+    decode_batch,
+    encode_batch,
+    encode_frame,
+    iter_frames,
+)
+from invariants.events import SchemaError, batch_key, make_batch
+
+
+def _batch(step=3, **over):
+    batch = make_batch(
+        run="r1",
+        rank=0,
+        world=2,
+        step=step,
+        seq=1,
+        events=[{"kind": "step", "t": 1, "pid": 1, "tid": 1, "stage": "train", "phase": "end"}],
+    )
+    batch.update(over)
+    return batch
+
+
+def test_round_trip():
+    batch = _batch()
+    assert decode_batch(encode_batch(batch)) == batch
+    assert batch_key("r1", 3) == b"r1:3"
+
+
+@pytest.mark.parametrize(
+    "payload,reason",
+    [
+        (b"\xc1\xc1garbage", "undecodable"),
+        (msgpack.packb([1, 2, 3]), "wrong_type"),
+        (msgpack.packb({"v": 99}), "unknown_version"),
+        (encode_batch(_batch(rank=5)), "bad_value"),
+        (encode_batch(_batch(rank=True)), "wrong_type"),
+        (encode_batch(_batch(events=[{"kind": "nope", "t": 1, "pid": 1, "tid": 1, "stage": "x"}])), "unknown_kind"),
+        (encode_batch(_batch(events=[{"kind": "call", "t": 1, "pid": 1, "tid": 1, "stage": "x"}])), "missing_field"),
+    ],
+)
+def test_bad_input_is_a_schema_error_with_reason(payload, reason):
+    with pytest.raises(SchemaError) as err:
+        decode_batch(payload)
+    assert err.value.reason == reason
+
+
+def test_oversized():
+    with pytest.raises(SchemaError) as err:
+        decode_batch(b"x" * 100, max_bytes=10)
+    assert err.value.reason == "oversized"
+
+
+def _trace(*payloads: bytes) -> bytes:
+    return TRACE_MAGIC + b"".join(encode_frame(p) for p in payloads)
+
+
+def test_torn_last_frame_is_truncation_not_corruption():
+    data = _trace(b"a" * 10, b"b" * 10)
+    for cut in range(len(TRACE_MAGIC) + 18 + 1, len(data)):
+        scan = FrameScan()
+        frames = list(iter_frames(io.BytesIO(data[:cut]), scan))
+        assert frames == [b"a" * 10]
+        assert scan.truncated_at == len(TRACE_MAGIC) + 18
+
+
+def test_corruption_in_the_middle_names_offset():
+    data = bytearray(_trace(b"a" * 10, b"b" * 10))
+    data[len(TRACE_MAGIC) + 8] ^= 0xFF  # flip a payload byte of the first frame
+    with pytest.raises(TraceCorruption) as err:
+        list(iter_frames(io.BytesIO(bytes(data))))
+    assert err.value.offset == len(TRACE_MAGIC)
+
+
+def test_bad_magic():
+    with pytest.raises(TraceCorruption):
+        list(iter_frames(io.BytesIO(b"NOTATRACEFILE")))

@@ -1,0 +1,15 @@
+"""`trainwatch collect` (not yet wired)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    pass
+
+
+def run(args: argparse.Namespace) -> int:
+    print("trainwatch collect: not available in this build", file=sys.stderr)
+    return 2
