@@ -1,0 +1,263 @@
+"""Trend monitors: the classic signal rules over a run's sequence of step summaries.
+
+Invariants catch bugs that barely move the loss; these rules catch the loud ones a
+single window cannot see — the built-in rules of SageMaker Debugger are the reference
+list (ExplodingTensor, LossNotDecreasing, VanishingGradient, WeightUpdateRatio) plus a
+loss-spike detector.  Users get both from one checker.
+
+Rules (thresholds in `TrendRules`):
+
+``nonfinite_loss``        the loss is NaN or infinite.
+``nonfinite_gradients``   some gradient norm is NaN or infinite.
+``loss_spike``            the loss exceeds ``spike_factor`` × the median of the
+                          previous ``spike_window`` finite losses.
+``loss_not_decreasing``   over two consecutive blocks of ``plateau_steps`` steps the
+                          mean loss fell by less than ``min_relative_decrease``.
+``exploding_gradient``    the total grad norm exceeds ``max_grad_norm`` or
+                          ``explode_factor`` × the median of recent norms.
+``vanishing_gradient``    the total grad norm stays below ``min_grad_norm`` for
+                          ``vanish_steps`` consecutive steps.
+``update_ratio``          ‖Δw‖/‖w‖ is above ``max_update_ratio`` or below
+                          ``min_update_ratio``.
+
+Alerts are edge-triggered: a rule fires on the step where its condition becomes true
+and stays quiet while it holds, so a run with a NaN loss at step 40 yields one alert,
+not one per remaining step.  Summaries may arrive out of order (steps of one run are
+checked on different partitions), so the monitor keeps a short step-sorted history and
+judges each step against the steps before it; a step it has already seen is ignored,
+which makes replays after a checker restart harmless.  All state is a plain dict.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .step_summary import StepSummary
+
+RULES = (
+    "nonfinite_loss",
+    "nonfinite_gradients",
+    "loss_spike",
+    "loss_not_decreasing",
+    "exploding_gradient",
+    "vanishing_gradient",
+    "update_ratio",
+)
+
+
+@dataclass(frozen=True)
+class TrendRules:
+    """Thresholds; the defaults follow SageMaker Debugger's built-in rule defaults."""
+
+    spike_factor: float = 3.0
+    spike_window: int = 10
+    spike_min_history: int = 5
+    plateau_steps: int = 50
+    min_relative_decrease: float = 0.001
+    max_grad_norm: float = 1e6
+    explode_factor: float = 50.0
+    explode_min_history: int = 5
+    min_grad_norm: float = 1e-7
+    vanish_steps: int = 3
+    max_update_ratio: float = 10.0
+    min_update_ratio: float = 1e-8
+    history: int = 256
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "TrendRules":
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown trend rule settings: {sorted(unknown)}")
+        return cls(**dict(data))
+
+
+@dataclass(frozen=True)
+class TrendAlert:
+    """One rule firing on one step; shaped like an invariant violation downstream."""
+
+    rule: str
+    run: str
+    step: int
+    description: str
+    value: float | None = None
+
+    @property
+    def id(self) -> str:
+        return f"trend:{self.rule}:{self.run}:{self.step}"
+
+    @property
+    def relation(self) -> str:
+        return f"Trend:{self.rule}"
+
+    def to_violation_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "invariant": f"trend:{self.rule}",
+            "relation": self.relation,
+            "description": self.description,
+            "run": self.run,
+            "step": self.step,
+            "ranks": [],
+            "stage": None,
+            "evidence": {"value": _json_number(self.value)},
+            "hint": None,
+        }
+
+
+def _json_number(value: float | None) -> float | str | None:
+    if value is None or math.isfinite(value):
+        return value
+    return str(value)
+
+
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+@dataclass
+class _Point:
+    step: int
+    loss: float | None
+    grad_norm: float | None
+    update_ratio: float | None
+    nonfinite_grads: int
+    flags: list[str] = field(default_factory=list)  # rules whose condition held here
+
+
+class TrendMonitor:
+    """Per-run state of the trend rules; feed it summaries, get alerts back."""
+
+    def __init__(self, run: str, rules: TrendRules | None = None) -> None:
+        self.run = run
+        self.rules = rules or TrendRules()
+        self._points: list[_Point] = []  # sorted by step, bounded by rules.history
+        self._steps: list[int] = []
+        self._last_plateau_block = -1
+
+    def observe(self, summary: StepSummary) -> list[TrendAlert]:
+        index = bisect.bisect_left(self._steps, summary.step)
+        if index < len(self._steps) and self._steps[index] == summary.step:
+            return []  # replayed summary
+        if len(self._points) >= self.rules.history and index == 0:
+            return []  # older than anything we still remember
+        point = _Point(
+            summary.step, summary.loss, summary.grad_norm, summary.update_ratio, summary.nonfinite_grads
+        )
+        before = self._points[:index]
+        conditions = self._conditions(point, before)
+        previous_flags = set(before[-1].flags) if before else set()
+        point.flags = sorted(conditions)
+        self._points.insert(index, point)
+        self._steps.insert(index, summary.step)
+        if len(self._points) > self.rules.history:
+            del self._points[0]
+            del self._steps[0]
+        alerts = [
+            TrendAlert(rule, self.run, summary.step, message, value)
+            for rule, (message, value) in sorted(conditions.items())
+            if rule not in previous_flags
+        ]
+        alerts.extend(self._plateau())
+        return alerts
+
+    def _conditions(self, point: _Point, before: list[_Point]) -> dict[str, tuple[str, float | None]]:
+        rules = self.rules
+        found: dict[str, tuple[str, float | None]] = {}
+        if point.loss is not None and not math.isfinite(point.loss):
+            found["nonfinite_loss"] = (f"loss is {point.loss} at step {point.step}", point.loss)
+        if point.nonfinite_grads or (point.grad_norm is not None and not math.isfinite(point.grad_norm)):
+            found["nonfinite_gradients"] = (
+                f"{point.nonfinite_grads or 'some'} gradient(s) are NaN/Inf at step {point.step}",
+                point.grad_norm,
+            )
+        recent_losses = [p.loss for p in before[-rules.spike_window :] if _finite(p.loss)]
+        if _finite(point.loss) and len(recent_losses) >= rules.spike_min_history:
+            median = statistics.median(recent_losses)
+            if median > 0 and point.loss > rules.spike_factor * median:  # type: ignore[operator]
+                found["loss_spike"] = (
+                    f"loss {point.loss:.4g} is {point.loss / median:.1f}x the recent median "  # type: ignore[operator]
+                    f"{median:.4g} at step {point.step}",
+                    point.loss,
+                )
+        if _finite(point.grad_norm):
+            norm = float(point.grad_norm)  # type: ignore[arg-type]
+            recent_norms = [p.grad_norm for p in before[-rules.spike_window :] if _finite(p.grad_norm)]
+            median_norm = statistics.median(recent_norms) if len(recent_norms) >= rules.explode_min_history else None
+            if norm > rules.max_grad_norm or (
+                median_norm is not None and median_norm > 0 and norm > rules.explode_factor * median_norm
+            ):
+                found["exploding_gradient"] = (f"gradient norm {norm:.4g} exploded at step {point.step}", norm)
+            tail = [p.grad_norm for p in before[-(rules.vanish_steps - 1) :]] if rules.vanish_steps > 1 else []
+            if (
+                norm < rules.min_grad_norm
+                and len(tail) == rules.vanish_steps - 1
+                and all(_finite(g) and g < rules.min_grad_norm for g in tail)  # type: ignore[operator]
+            ):
+                found["vanishing_gradient"] = (
+                    f"gradient norm {norm:.3g} below {rules.min_grad_norm:g} for "
+                    f"{rules.vanish_steps} steps at step {point.step}",
+                    norm,
+                )
+        if point.update_ratio is not None:
+            ratio = point.update_ratio
+            if not math.isfinite(ratio) or ratio > rules.max_update_ratio:
+                found["update_ratio"] = (f"update/weight ratio {ratio:.3g} is too large at step {point.step}", ratio)
+            elif ratio < rules.min_update_ratio:
+                found["update_ratio"] = (
+                    f"update/weight ratio {ratio:.3g} is too small at step {point.step} "
+                    "(the optimizer barely changes the weights)",
+                    ratio,
+                )
+        return found
+
+    def _plateau(self) -> list[TrendAlert]:
+        """Compare the two latest complete blocks of ``plateau_steps`` losses."""
+        size = self.rules.plateau_steps
+        losses = [(p.step, p.loss) for p in self._points if _finite(p.loss)]
+        if size <= 0 or len(losses) < 2 * size:
+            return []
+        block = len(losses) // size - 1  # index of the latest complete block, counted from the start
+        if block <= self._last_plateau_block:
+            return []
+        self._last_plateau_block = block
+        earlier = [loss for _, loss in losses[(block - 1) * size : block * size]]
+        latest = [loss for _, loss in losses[block * size : (block + 1) * size]]
+        before_mean = statistics.fmean(earlier)  # type: ignore[arg-type]
+        after_mean = statistics.fmean(latest)  # type: ignore[arg-type]
+        decrease = (before_mean - after_mean) / abs(before_mean) if before_mean else 0.0
+        if decrease >= self.rules.min_relative_decrease:
+            return []
+        step = losses[(block + 1) * size - 1][0]
+        return [
+            TrendAlert(
+                "loss_not_decreasing",
+                self.run,
+                step,
+                f"mean loss went from {before_mean:.4g} to {after_mean:.4g} over the {size} steps "
+                f"ending at step {step} (less than {self.rules.min_relative_decrease:.2%} decrease)",
+                after_mean,
+            )
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run": self.run,
+            "plateau_block": self._last_plateau_block,
+            "points": [
+                [p.step, p.loss, p.grad_norm, p.update_ratio, p.nonfinite_grads, p.flags] for p in self._points
+            ],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], rules: TrendRules | None = None) -> "TrendMonitor":
+        monitor = cls(str(data["run"]), rules)
+        monitor._last_plateau_block = int(data.get("plateau_block", -1))
+        for step, loss, grad_norm, ratio, nonfinite, flags in data.get("points", []):
+            monitor._points.append(_Point(int(step), loss, grad_norm, ratio, int(nonfinite), list(flags)))
+            monitor._steps.append(int(step))
+        return monitor
