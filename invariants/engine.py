@@ -1,0 +1,267 @@
+"""The incremental step-window engine that every checker drives.
+
+Shaped as a reducer so a stream processor can keep its state in tables::
+
+    engine = Engine(invariant_set)
+    window = engine.new_window(run, step)       # per (run, step) table entry
+    engine.add_batch(window, batch)             # fold each arriving batch
+    if engine.is_complete(window):              # every rank reported the step end
+        violations = engine.evaluate(window, run_state)   # then evict the window
+
+`WindowState` and `RunState` serialise to msgpack bytes.  Evaluation reads only the
+window (and writes run-level bookkeeping), so the violations of a step do not depend
+on the order in which ranks' batches arrived or windows closed.  `StepWindows` is the
+in-memory driver used by offline ``check``, inference and tests.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+import msgpack
+
+from .events import Batch
+from .invariant_set import InvariantSet
+from .model import Violation
+from .relations import ALL_RANKS_REPORT
+from .relations.base import WindowView
+from .window import FactPlan, WindowState
+
+#: Offending sites listed per violation; the count of all of them is always reported.
+MAX_EVIDENCE_ITEMS = 5
+
+
+class RunState:
+    """Per-run bookkeeping across windows: which steps are closed, what ranks last said.
+
+    Closed steps are a watermark plus the closed steps above it, so the "is this batch
+    late?" answer is exact and the state stays small while windows close roughly in order.
+    """
+
+    __slots__ = ("run", "world", "closed_below", "closed_above", "last_step_by_rank", "windows_closed", "violations")
+
+    def __init__(self, run: str) -> None:
+        self.run = run
+        self.world = 0
+        self.closed_below = 0  # every step < this is closed
+        self.closed_above: set[int] = set()
+        self.last_step_by_rank: dict[int, int] = {}
+        self.windows_closed = 0
+        self.violations = 0
+
+    @property
+    def highest_closed(self) -> int:
+        return max(self.closed_above) if self.closed_above else self.closed_below - 1
+
+    def is_closed(self, step: int) -> bool:
+        """A batch for a closed step is late: the caller counts it and drops it."""
+        return step < self.closed_below or step in self.closed_above
+
+    def mark_closed(self, step: int) -> None:
+        if step < self.closed_below:
+            return
+        self.closed_above.add(step)
+        while self.closed_below in self.closed_above:
+            self.closed_above.discard(self.closed_below)
+            self.closed_below += 1
+
+    def to_bytes(self) -> bytes:
+        return msgpack.packb(
+            [self.run, self.world, self.closed_below, sorted(self.closed_above), self.last_step_by_rank,
+             self.windows_closed, self.violations],
+            use_bin_type=True,
+        )
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "RunState":
+        run, world, below, above, last, closed, violations = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        state = cls(run)
+        state.world, state.closed_below, state.closed_above = world, below, set(above)
+        state.last_step_by_rank = {int(k): v for k, v in last.items()}
+        state.windows_closed, state.violations = closed, violations
+        return state
+
+
+class Engine:
+    def __init__(self, invariant_set: InvariantSet, *, report_missing_ranks: bool = True) -> None:
+        self.invariant_set = invariant_set
+        self.plan: FactPlan = invariant_set.plan
+        self.report_missing_ranks = report_missing_ranks
+
+    def new_window(self, run: str, step: int) -> WindowState:
+        return WindowState(run, step)
+
+    def add_batch(self, window: WindowState, batch: Batch) -> None:
+        window.add_batch(batch, self.plan)
+
+    def is_complete(self, window: WindowState) -> bool:
+        return window.is_complete()
+
+    def evaluate(self, window: WindowState, run_state: RunState) -> list[Violation]:
+        view = WindowView(window)
+        found: dict[str, Violation] = {}
+        counts: dict[str, int] = {}
+        for relation, families in self.invariant_set.by_family.items():
+            template = next(iter(families.values()))[0].template
+            for site in template.sites(view, families):
+                for compiled in families.get(site.family, ()):
+                    value = compiled.value
+                    if value is None:
+                        if site.observed:
+                            continue
+                    elif not template.applicable(value, site) or template.holds(value, site):
+                        continue
+                    if not compiled.predicate(site.records):
+                        continue
+                    self._record(found, counts, compiled, template, site, window)
+        if self.report_missing_ranks:
+            missing = window.missing_ranks()
+            if missing:
+                self._record_missing(found, window, missing)
+        violations = sorted(found.values(), key=lambda v: v.invariant)
+        for vid, count in counts.items():
+            if count > 1:
+                found[vid].evidence["sites"] = count
+        self._update_run_state(window, run_state, len(violations))
+        return violations
+
+    def _record(self, found: dict[str, Violation], counts: dict[str, int], compiled: Any, template: Any,
+                site: Any, window: WindowState) -> None:
+        inv = compiled.invariant
+        existing = found.get(inv.id)
+        evidence = template.violation_evidence(inv.params, site)
+        if existing is None:
+            found[inv.id] = Violation(
+                invariant=inv.id,
+                relation=inv.relation,
+                description=inv.description or template.describe(inv.params),
+                run=window.run,
+                step=window.step,
+                ranks=sorted(set(site.ranks)),
+                stage=site.stage or window.stage(),
+                evidence={"first": evidence},
+                hint=template.hint(inv.params),
+            )
+            counts[inv.id] = 1
+            return
+        counts[inv.id] += 1
+        existing.ranks = sorted(set(existing.ranks) | set(site.ranks))
+        more = existing.evidence.setdefault("more", [])
+        if len(more) < MAX_EVIDENCE_ITEMS - 1:
+            more.append(evidence)
+
+    def _record_missing(self, found: dict[str, Violation], window: WindowState, missing: list[int]) -> None:
+        inv = ALL_RANKS_REPORT
+        found[inv.id] = Violation(
+            invariant=inv.id,
+            relation=inv.relation,
+            description=inv.description,
+            run=window.run,
+            step=window.step,
+            ranks=missing,
+            stage=window.stage(),
+            evidence={"first": {"world": window.world, "reported": sorted(r for r, f in window.ranks.items() if f["ended"]),
+                                "missing": missing}},
+            hint="a rank is stalled, crashed or lost its connection; the others may hang at the next collective",
+        )
+
+    @staticmethod
+    def _update_run_state(window: WindowState, run_state: RunState, violations: int) -> None:
+        run_state.world = max(run_state.world, window.world)
+        run_state.mark_closed(window.step)
+        run_state.windows_closed += 1
+        run_state.violations += violations
+        for rank, facts in window.ranks.items():
+            if facts["ended"] and window.step > run_state.last_step_by_rank.get(rank, -1):
+                run_state.last_step_by_rank[rank] = window.step
+
+
+class StepWindows:
+    """In-memory driver: open windows per (run, step) plus run states.
+
+    ``grace_steps``: a window is force-closed once a batch ``grace_steps`` steps newer
+    arrives for its run (a rank that is that far behind is reported missing).
+    ``on_close`` sees every closed window before it is evicted (inference uses it).
+    """
+
+    def __init__(self, engine: Engine, *, grace_steps: int | None = None,
+                 on_close: Callable[[WindowState], None] | None = None) -> None:
+        self.engine = engine
+        self.grace_steps = grace_steps
+        self.on_close = on_close
+        self.windows: dict[tuple[str, int], WindowState] = {}
+        self.runs: dict[str, RunState] = {}
+        self.newest_step: dict[str, int] = {}
+        self.late_batches = 0
+        self.batches = 0
+        self.events = 0
+
+    def run_state(self, run: str) -> RunState:
+        state = self.runs.get(run)
+        if state is None:
+            state = self.runs[run] = RunState(run)
+        return state
+
+    def feed(self, batch: Batch) -> list[Violation]:
+        run, step = batch["run"], int(batch["step"])
+        self.batches += 1
+        self.events += len(batch["events"])
+        if self.run_state(run).is_closed(step):
+            self.late_batches += 1
+            return []
+        key = (run, step)
+        window = self.windows.get(key)
+        if window is None:
+            window = self.windows[key] = self.engine.new_window(run, step)
+        self.engine.add_batch(window, batch)
+        violations: list[Violation] = []
+        if self.engine.is_complete(window):
+            violations.extend(self._close(key))
+        if self.grace_steps is not None:
+            newest = max(self.newest_step.get(run, step), step)
+            self.newest_step[run] = newest
+            violations.extend(self.expire(run=run, before_step=newest - self.grace_steps + 1))
+        return violations
+
+    def expire(self, *, run: str | None = None, before_step: int | None = None,
+               keys: Iterable[tuple[str, int]] | None = None) -> list[Violation]:
+        """Force-close windows: the given keys, or those of ``run`` with step < ``before_step``."""
+        if keys is None:
+            keys = [k for k in self.windows
+                    if (run is None or k[0] == run) and (before_step is None or k[1] < before_step)]
+        violations: list[Violation] = []
+        for key in sorted(keys):
+            if key in self.windows:
+                violations.extend(self._close(key))
+        return violations
+
+    def finish(self) -> list[Violation]:
+        return self.expire()
+
+    def _close(self, key: tuple[str, int]) -> list[Violation]:
+        window = self.windows.pop(key)
+        if self.on_close is not None:
+            self.on_close(window)
+        return self.engine.evaluate(window, self.run_state(key[0]))
+
+    def to_bytes(self) -> bytes:
+        """Snapshot of everything open, for tests of restore-mid-stream equivalence."""
+        return msgpack.packb(
+            {"windows": [w.to_bytes() for w in self.windows.values()],
+             "runs": [r.to_bytes() for r in self.runs.values()],
+             "newest": self.newest_step, "late": self.late_batches},
+            use_bin_type=True,
+        )
+
+    def restore(self, data: bytes) -> None:
+        obj: dict[str, Any] = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        self.windows = {}
+        for raw in obj["windows"]:
+            window = WindowState.from_bytes(raw)
+            self.windows[(window.run, window.step)] = window
+        self.runs = {}
+        for raw in obj["runs"]:
+            state = RunState.from_bytes(raw)
+            self.runs[state.run] = state
+        self.newest_step = dict(obj["newest"])
+        self.late_batches = obj["late"]

@@ -1,0 +1,142 @@
+"""Inference: from healthy traces to a deterministic invariant set.
+
+Traces are replayed through the same window folding as checking (with a plan that
+keeps everything); every closed window is handed to every enabled template, whose
+sites become evidence:
+
+* boolean family  -> ``Evidence`` (positive / negative signature counters)
+* value family    -> one trigger counter per family plus one positive counter per
+  value; negatives are ``trigger - positive``, so a hypothesis first seen in the
+  third trace still gets the negatives from the first two.
+
+All evidence lives in dicts keyed by hypothesis identity, so adding a trace costs
+O(1) per site and nothing is ever re-scanned.  ``finish`` learns a precondition per
+surviving hypothesis (dropping those no formula can separate, i.e. that failed on a
+reference trace), and returns invariants sorted by id.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from .engine import Engine, StepWindows
+from .events import Batch
+from .invariant_set import InvariantSet
+from .model import Invariant
+from .precondition import infer_precondition, signature
+from .relations import TEMPLATES
+from .relations.base import Template, WindowView
+from .window import FactPlan, WindowState
+
+#: Distinct example signatures kept per counter; beyond it new shapes are folded into counts only.
+MAX_SIGNATURES = 256
+
+
+@dataclass
+class Evidence:
+    positive: Counter = field(default_factory=Counter)
+    negative: Counter = field(default_factory=Counter)
+
+
+def _add(counter: Counter, sig: frozenset, n: int = 1) -> None:
+    if sig in counter or len(counter) < MAX_SIGNATURES:
+        counter[sig] += n
+
+
+class Inferencer:
+    def __init__(self, relations: Iterable[str] | None = None) -> None:
+        names = sorted(TEMPLATES) if relations is None else sorted(relations)
+        unknown = [n for n in names if n not in TEMPLATES]
+        if unknown:
+            raise ValueError(f"unknown relation(s): {', '.join(unknown)} (known: {', '.join(sorted(TEMPLATES))})")
+        self.templates: list[Template] = [TEMPLATES[n] for n in names]
+        self.boolean: dict[tuple[str, tuple], Evidence] = {}
+        self.triggers: dict[tuple[str, tuple], Counter] = {}
+        self.values: dict[tuple[str, tuple, Any], Counter] = {}
+        self.custom: dict[str, dict[str, Any]] = {}
+        self.windows = 0
+        self.traces = 0
+
+    # ------------------------------------------------------------------ feeding
+    def observe(self, window: WindowState) -> None:
+        self.windows += 1
+        view = WindowView(window)
+        for template in self.templates:
+            if hasattr(template, "infer_observe"):
+                template.infer_observe(view, self.custom.setdefault(template.relation, {}))
+                continue
+            relation = template.relation
+            for site in template.sites(view):
+                sig = signature(site.records)
+                if template.is_value_family(site.family):
+                    fkey = (relation, site.family)
+                    trig = self.triggers.get(fkey)
+                    if trig is None:
+                        trig = self.triggers[fkey] = Counter()
+                    _add(trig, sig)
+                    for value in site.observed:
+                        vkey = (relation, site.family, value)
+                        counter = self.values.get(vkey)
+                        if counter is None:
+                            counter = self.values[vkey] = Counter()
+                        _add(counter, sig)
+                else:
+                    evidence = self.boolean.get((relation, site.family))
+                    if evidence is None:
+                        evidence = self.boolean[(relation, site.family)] = Evidence()
+                    _add(evidence.positive if site.observed else evidence.negative, sig)
+
+    def add_trace(self, batches: Iterable[Batch]) -> None:
+        """Replay one reference trace (one run's batches, any interleaving of ranks)."""
+        self.traces += 1
+        engine = Engine(InvariantSet([]), report_missing_ranks=False)
+        engine.plan = FactPlan.everything()
+        windows = StepWindows(engine, on_close=self.observe)
+        for batch in batches:
+            windows.feed(batch)
+        windows.finish()
+
+    # ------------------------------------------------------------------ results
+    def finish(self) -> list[Invariant]:
+        found: dict[str, Invariant] = {}
+        for template in self.templates:
+            if hasattr(template, "infer_finish"):
+                for inv in template.infer_finish(self.custom.get(template.relation, {})):
+                    found[inv.id] = inv
+        for (relation, family), evidence in self.boolean.items():
+            self._emit(found, TEMPLATES[relation], family, None, evidence.positive, evidence.negative)
+        for (relation, family, value), positive in self.values.items():
+            negative = self.triggers[(relation, family)] - positive
+            self._emit(found, TEMPLATES[relation], family, value, positive, negative)
+        return sorted(found.values(), key=lambda inv: inv.id)
+
+    def _emit(self, found: dict[str, Invariant], template: Template, family: tuple, value: Any,
+              positive: Counter, negative: Counter) -> None:
+        pos_total = sum(positive.values())
+        if pos_total < template.min_support:
+            return
+        if negative and not template.allows_precondition(family):
+            return
+        ok, precondition = infer_precondition(positive, negative)
+        if not ok:
+            return
+        params = template.params(family, value)
+        inv = Invariant(
+            relation=template.relation,
+            params=params,
+            precondition=precondition,
+            description=template.describe(params),
+            apis=template.apis(params),
+            positive=pos_total,
+            negative=sum(negative.values()),
+        )
+        found[inv.id] = inv
+
+
+def infer(traces: Iterable[Iterable[Batch]], relations: Iterable[str] | None = None) -> list[Invariant]:
+    inferencer = Inferencer(relations)
+    for batches in traces:
+        inferencer.add_trace(batches)
+    return inferencer.finish()

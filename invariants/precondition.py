@@ -1,0 +1,276 @@
+"""Preconditions: when an invariant applies, learned from positive and negative examples.
+
+A precondition is a disjunction of conjunctions of clauses, optionally negated as a
+whole; each clause may itself be negated.  Clauses speak about the *records* of an
+example (one record for "this call", several for "this parameter on every rank"):
+
+``constant``    every record has ``field`` equal to one of ``values``
+``consistent``  every record has the same value of ``field``
+``unequal``     the records' values of ``field`` are pairwise distinct
+``exists``      every record has a (non-None) value of ``field``
+
+Example, learned for "``Optimizer.step`` changes a parameter's data"::
+
+    {"negated": false, "any": [{"all": [{"kind": "constant", "field": "has_grad", "values": [true]}]}]}
+
+Inference works on *signatures*: the set of atomic clauses an example satisfies.
+Examples with the same signature are counted, not stored, so evidence from millions
+of events stays a handful of dict entries, and merging traces is a Counter update.
+The learned formula is checked through `compile_precondition`, which evaluates the
+same clause semantics on live records.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+Record = Mapping[str, Any]
+Clause = tuple  # ("constant", field, value) | ("consistent"|"unequal"|"exists", field)
+Signature = frozenset
+
+CLAUSE_KINDS = ("constant", "consistent", "unequal", "exists")
+#: Fields whose concrete value must never become a rule (a rule about "rank 3" is noise);
+#: they may still appear in consistent/unequal/exists clauses.
+NO_CONSTANT_FIELDS = frozenset({"rank"})
+#: Readability order when several clauses separate equally well: stage and flags first.
+_FIELD_PRIORITY = ("stage", "has_grad", "requires_grad", "training", "ctx.autocast", "ctx.grad", "step_is_first")
+MAX_DISJUNCTS = 4
+
+_MISSING = object()
+
+
+def _hashable(value: Any) -> bool:
+    return isinstance(value, (str, int, float, bool)) and not (isinstance(value, float) and value != value)
+
+
+def signature(records: Sequence[Record]) -> Signature:
+    """Every atomic clause the example's records satisfy."""
+    clauses: set[Clause] = set()
+    if not records:
+        return frozenset()
+    fields = set(records[0])
+    for record in records[1:]:
+        fields &= set(record)
+    multi = len(records) > 1
+    for name in fields:
+        values = [record[name] for record in records]
+        if any(v is None or not _hashable(v) for v in values):
+            continue
+        clauses.add(("exists", name))
+        first = values[0]
+        if all(v == first and type(v) is type(first) for v in values):
+            if name not in NO_CONSTANT_FIELDS:
+                clauses.add(("constant", name, first))
+            if multi:
+                clauses.add(("consistent", name))
+        elif multi and len(set(values)) == len(values):
+            clauses.add(("unequal", name))
+    return frozenset(clauses)
+
+
+# --------------------------------------------------------------------------- checking
+
+
+def _clause_holds(kind: str, name: str, values: tuple, records: Sequence[Record]) -> bool:
+    got = [record.get(name, _MISSING) for record in records]
+    if kind == "exists":
+        return all(v is not _MISSING and v is not None for v in got)
+    if kind == "constant":
+        return all(any(v == want and type(v) is type(want) for want in values) for v in got)
+    if any(v is _MISSING or v is None for v in got):
+        return False
+    if kind == "consistent":
+        return all(v == got[0] for v in got)
+    if kind == "unequal":
+        try:
+            return len(set(got)) == len(got)
+        except TypeError:
+            return False
+    return False
+
+
+Predicate = Callable[[Sequence[Record]], bool]
+
+
+def _always(records: Sequence[Record]) -> bool:
+    return True
+
+
+def compile_precondition(pre: Mapping[str, Any] | None) -> Predicate:
+    """Turn the JSON form into a closure; no eval, no attribute lookups by name."""
+    if pre is None:
+        return _always
+    conjunctions: list[list[tuple[str, str, tuple, bool]]] = []
+    for conj in pre["any"]:
+        conjunctions.append(
+            [(c["kind"], c["field"], tuple(c.get("values") or ()), bool(c.get("negated", False))) for c in conj["all"]]
+        )
+    negated = bool(pre.get("negated", False))
+
+    def predicate(records: Sequence[Record]) -> bool:
+        result = any(
+            all(_clause_holds(kind, name, values, records) != neg for kind, name, values, neg in conj)
+            for conj in conjunctions
+        )
+        return result != negated
+
+    return predicate
+
+
+# --------------------------------------------------------------------------- JSON form
+
+
+def clause_to_json(clause: Clause) -> dict[str, Any]:
+    if clause[0] == "constant":
+        return {"kind": "constant", "field": clause[1], "values": [clause[2]]}
+    return {"kind": clause[0], "field": clause[1]}
+
+
+def dnf_to_json(disjuncts: Sequence[Sequence[Clause]], negated: bool = False) -> dict[str, Any]:
+    return {
+        "negated": negated,
+        "any": [{"all": [clause_to_json(c) for c in _sorted_clauses(conj)]} for conj in disjuncts],
+    }
+
+
+def describe_precondition(pre: Mapping[str, Any] | None) -> str:
+    """Plain words for reports: ``stage = train and has_grad = True``."""
+    if pre is None:
+        return "always"
+    parts = []
+    for conj in pre["any"]:
+        words = []
+        for c in conj["all"]:
+            kind, name = c["kind"], c["field"]
+            if kind == "constant":
+                vals = c.get("values") or []
+                text = f"{name} = {vals[0]!r}" if len(vals) == 1 else f"{name} in {vals!r}"
+            elif kind == "consistent":
+                text = f"{name} is the same on all"
+            elif kind == "unequal":
+                text = f"{name} differs between all"
+            else:
+                text = f"{name} is known"
+            words.append(("not " if c.get("negated") else "") + text)
+        parts.append(" and ".join(words) if words else "always")
+    text = " or ".join(f"({p})" if len(pre["any"]) > 1 else p for p in parts)
+    return f"not ({text})" if pre.get("negated") else text
+
+
+# --------------------------------------------------------------------------- inference
+
+
+def _clause_rank(clause: Clause) -> tuple:
+    name = clause[1]
+    priority = _FIELD_PRIORITY.index(name) if name in _FIELD_PRIORITY else len(_FIELD_PRIORITY)
+    kind_order = CLAUSE_KINDS.index(clause[0])
+    return (priority, kind_order, name, repr(clause[2:]))
+
+
+def _sorted_clauses(clauses: Iterable[Clause]) -> list[Clause]:
+    return sorted(clauses, key=_clause_rank)
+
+
+def _excludes_all(conj: frozenset, negatives: Iterable[Signature]) -> bool:
+    return all(not conj <= neg for neg in negatives)
+
+
+def _minimise(conj: frozenset, negatives: Sequence[Signature]) -> frozenset | None:
+    """Greedy set cover: the fewest clauses of ``conj`` that still reject every negative."""
+    remaining = [neg for neg in negatives if conj <= neg]
+    if remaining:
+        return None
+    remaining = list(negatives)
+    chosen: list[Clause] = []
+    candidates = _sorted_clauses(conj)
+    while remaining:
+        best = max(candidates, key=lambda c: (sum(1 for neg in remaining if c not in neg), -candidates.index(c)))
+        rejected = [neg for neg in remaining if best not in neg]
+        if not rejected:
+            return None
+        chosen.append(best)
+        remaining = [neg for neg in remaining if best in neg]
+    return frozenset(chosen)
+
+
+def _cover(positives: Counter, negatives: Counter) -> list[frozenset] | None:
+    """A DNF true on every positive signature and false on every negative one."""
+    neg_sigs = sorted(negatives, key=lambda s: sorted(map(repr, s)))
+    remaining = sorted(positives, key=lambda s: (-positives[s], sorted(map(repr, s))))
+    if not remaining:
+        return None
+    common = frozenset.intersection(*remaining)
+    if _excludes_all(common, neg_sigs):
+        minimal = _minimise(common, neg_sigs)
+        return [minimal] if minimal is not None else None
+    disjuncts: list[frozenset] = []
+    while remaining:
+        seed = remaining[0]
+        if not _excludes_all(seed, neg_sigs):
+            return None
+        conj = seed
+        covered = [seed]
+        for other in remaining[1:]:
+            merged = conj & other
+            if merged and _excludes_all(merged, neg_sigs):
+                conj = merged
+                covered.append(other)
+        minimal = _minimise(conj, neg_sigs)
+        if minimal is None:
+            return None
+        disjuncts.append(minimal)
+        remaining = [sig for sig in remaining if not minimal <= sig]
+        if len(disjuncts) > MAX_DISJUNCTS:
+            return None
+    return disjuncts
+
+
+def infer_precondition(positives: Counter, negatives: Counter) -> tuple[bool, dict[str, Any] | None]:
+    """Returns ``(ok, precondition)``; ``ok`` is False when no formula separates the examples.
+
+    No negatives means the relation held everywhere it could be tested: no precondition.
+    When the positives cannot be described but the negatives can (a rule that holds
+    "except at the first step"), the negatives' formula is learned and negated.
+    """
+    if not negatives:
+        return True, None
+    if not positives:
+        return False, None
+    direct = _cover(positives, negatives)
+    if direct is not None:
+        return True, dnf_to_json(direct)
+    inverse = _cover(negatives, positives)
+    if inverse is not None:
+        return True, dnf_to_json(inverse, negated=True)
+    return False, None
+
+
+def validate_precondition(pre: Any, where: str) -> None:
+    """Raise ValueError naming the exact path of the first malformed part."""
+    if pre is None:
+        return
+    if not isinstance(pre, dict):
+        raise ValueError(f"{where}: must be an object or null")
+    if not isinstance(pre.get("negated", False), bool):
+        raise ValueError(f"{where}.negated: must be a boolean")
+    conjunctions = pre.get("any")
+    if not isinstance(conjunctions, list) or not conjunctions:
+        raise ValueError(f"{where}.any: must be a non-empty list of conjunctions")
+    for i, conj in enumerate(conjunctions):
+        if not isinstance(conj, dict) or not isinstance(conj.get("all"), list):
+            raise ValueError(f"{where}.any[{i}]: must be an object with an 'all' list")
+        for j, clause in enumerate(conj["all"]):
+            path = f"{where}.any[{i}].all[{j}]"
+            if not isinstance(clause, dict):
+                raise ValueError(f"{path}: must be an object")
+            if clause.get("kind") not in CLAUSE_KINDS:
+                raise ValueError(f"{path}.kind: must be one of {', '.join(CLAUSE_KINDS)}")
+            if not isinstance(clause.get("field"), str) or not clause["field"]:
+                raise ValueError(f"{path}.field: must be a non-empty string")
+            if clause["kind"] == "constant":
+                values = clause.get("values")
+                if not isinstance(values, list) or not values or not all(_hashable(v) for v in values):
+                    raise ValueError(f"{path}.values: must be a non-empty list of scalars")
+            if not isinstance(clause.get("negated", False), bool):
+                raise ValueError(f"{path}.negated: must be a boolean")

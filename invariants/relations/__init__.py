@@ -1,0 +1,31 @@
+"""The relation templates, by the name invariant files use for them."""
+
+from __future__ import annotations
+
+from ..model import Invariant
+from .api_arg import APIArg
+from .api_output import APIOutput
+from .base import Site, Template, WindowView
+from .consistent import Consistent
+from .contain import EventContain
+from .sequence import APISequence
+from .stage_rules import AllRanksReport, APIAbsent, TrainingFlag
+
+TEMPLATES: dict[str, Template] = {
+    t.relation: t
+    for t in (
+        Consistent(),
+        EventContain(),
+        APISequence(),
+        APIArg(),
+        APIOutput(),
+        APIAbsent(),
+        AllRanksReport(),
+        TrainingFlag(),
+    )
+}
+
+#: The engine reports missing ranks on every window, deployed or not, under this invariant.
+ALL_RANKS_REPORT = Invariant("AllRanksReport", {}, None, TEMPLATES["AllRanksReport"].describe({}), [])
+
+__all__ = ["TEMPLATES", "ALL_RANKS_REPORT", "Site", "Template", "WindowView"]

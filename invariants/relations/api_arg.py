@@ -1,0 +1,129 @@
+"""APIArg: an argument is consistent across ranks, or distinct across calls.
+
+``form = "ranks"``     the i-th call of an API in a step has the same argument on
+    every rank: ``{"form": "ranks", "api": "torch.distributed.all_reduce", "arg": "op"}``,
+    also tensor summaries (a collective's shape), dropout ``p``, learning rates.
+    Broken by ranks that disagree on a collective (hangs, wrong sums) or hyperparameters.
+``form = "distinct"``  repeated calls of an API within one step and rank never repeat
+    an argument value: ``{"form": "distinct", "api": "torch.utils.data.worker_init",
+    "arg": "numpy_state_digest"}`` — every DataLoader worker starts from its own RNG
+    state.  Broken by workers that all apply the same "random" augmentation.
+    Distinct rules take no precondition: one repeated value in the references drops them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Mapping
+
+from ..window import FactPlan
+from .base import Site, Template, WindowView, freeze
+
+
+class APIArg(Template):
+    relation = "APIArg"
+
+    def allows_precondition(self, family: tuple) -> bool:
+        return family[0] == "ranks"
+
+    def sites(self, view: WindowView, families: Any = None) -> Iterator[Site]:
+        ranks = view.ranks()
+        wanted = None if families is None else {(f[0], f[1]) for f in families}
+        per_rank: dict[int, dict[str, list[dict[str, Any]]]] = {}
+        for rank in ranks:
+            grouped: dict[str, list[dict[str, Any]]] = {}
+            for call in view.calls(rank):
+                if "args" in call and call["args"]:
+                    grouped.setdefault(call["api"], []).append(call)
+            per_rank[rank] = grouped
+        apis = sorted(set().union(*(g.keys() for g in per_rank.values()))) if per_rank else []
+        for api in apis:
+            if wanted is None or ("ranks", api) in wanted:
+                yield from self._rank_sites(view, api, per_rank, families)
+            if wanted is None or ("distinct", api) in wanted:
+                yield from self._distinct_sites(view, api, per_rank, families)
+
+    def _rank_sites(self, view: WindowView, api: str, per_rank: dict, families: Any) -> Iterator[Site]:
+        holders = [r for r in sorted(per_rank) if api in per_rank[r]]
+        if len(holders) < 2:
+            return
+        occurrences = min(len(per_rank[r][api]) for r in holders)
+        for index in range(occurrences):
+            calls = {r: per_rank[r][api][index] for r in holders}
+            names = set.intersection(*(set(c["args"]) for c in calls.values()))
+            for name in sorted(names):
+                family = ("ranks", api, name)
+                if families is not None and family not in families:
+                    continue
+                values = {r: freeze(c["args"][name]) for r, c in calls.items()}
+                holds = len(set(values.values())) == 1
+                odd = holders
+                evidence: dict[str, Any] = {}
+                if not holds:
+                    counts: dict[Any, int] = {}
+                    for v in values.values():
+                        counts[v] = counts.get(v, 0) + 1
+                    top, n = max(counts.items(), key=lambda kv: (kv[1], repr(kv[0])))
+                    odd = [r for r in holders if values[r] != top] if n > 1 else holders
+                    evidence = {"call_index": index, "arg": name,
+                                "values_by_rank": {str(r): c["args"][name] for r, c in calls.items()}}
+                yield Site(
+                    family=family,
+                    observed=holds,
+                    records=[view.call_record(c, r) for r, c in calls.items()],
+                    ranks=odd,
+                    stage=calls[holders[0]].get("stage", ""),
+                    evidence=evidence,
+                )
+
+    def _distinct_sites(self, view: WindowView, api: str, per_rank: dict, families: Any) -> Iterator[Site]:
+        for rank in sorted(per_rank):
+            calls = per_rank[rank].get(api) or []
+            if len(calls) < 2:
+                continue
+            names = set.intersection(*(set(c["args"]) for c in calls))
+            for name in sorted(names):
+                family = ("distinct", api, name)
+                if families is not None and family not in families:
+                    continue
+                values = [freeze(c["args"][name]) for c in calls]
+                holds = len(set(values)) == len(values)
+                evidence = {}
+                if not holds:
+                    seen: dict[Any, int] = {}
+                    repeated = []
+                    for v, c in zip(values, calls):
+                        seen[v] = seen.get(v, 0) + 1
+                        if seen[v] == 2:
+                            repeated.append(c["args"][name])
+                    evidence = {"arg": name, "calls": len(calls), "repeated_values": repeated[:5]}
+                yield Site(
+                    family=family,
+                    observed=holds,
+                    records=[view.call_record(calls[0], rank)],
+                    ranks=[rank],
+                    stage=calls[0].get("stage", ""),
+                    evidence=evidence,
+                )
+
+    def params(self, family: tuple, value: Any) -> dict[str, Any]:
+        return {"form": family[0], "api": family[1], "arg": family[2]}
+
+    def key(self, params: Mapping[str, Any]) -> tuple[tuple, Any]:
+        if params["form"] not in ("ranks", "distinct"):
+            raise ValueError("form")
+        return (params["form"], str(params["api"]), str(params["arg"])), None
+
+    def needs(self, params: Mapping[str, Any]) -> FactPlan:
+        return FactPlan(apis={params["api"]}, args={params["api"]: {params["arg"]}}, state_points=set(), state_attrs=set())
+
+    def describe(self, params: Mapping[str, Any]) -> str:
+        if params["form"] == "ranks":
+            return f"argument {params['arg']!r} of {params['api']} is the same on every rank for the same call"
+        return f"argument {params['arg']!r} of {params['api']} never repeats across calls within a step"
+
+    def hint(self, params: Mapping[str, Any]) -> str:
+        if params["form"] == "ranks":
+            return ("ranks disagree on this call: rank-dependent configuration, uneven data/shapes, or a collective "
+                    "issued with different arguments (can hang or silently corrupt the reduction)")
+        return ("values that should differ are repeated: RNG state copied into every worker/call "
+                "(e.g. numpy seeded once before forking DataLoader workers), or an init re-run with the same seed")

@@ -1,0 +1,192 @@
+"""What every relation template provides, and the window view they all read.
+
+A template turns a closed window into *sites*: places where one of its hypotheses
+can be tested.  The same sites feed inference (count positive/negative examples per
+hypothesis) and checking (look up the deployed invariants of that site's family and
+report the ones that fail while their precondition holds), so the two can never
+disagree about what a rule means.
+
+Two kinds of site:
+
+* a **boolean** site tests one hypothesis family directly: ``observed`` is True when
+  the relation held there ("param X is equal on all ranks");
+* a **value** site reports which values were observed (``observed`` is a frozenset):
+  every value is its own hypothesis ("``Adam.step`` contains ``all_reduce``"), and a
+  site is a negative example for every hypothesis of the family whose value is
+  absent.  This is what lets inference see negatives for hypotheses it has not
+  created yet, so merging traces stays order-independent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, Mapping
+
+from ..window import FactPlan, WindowState, ancestors, sorted_calls
+
+Record = dict[str, Any]
+
+
+@dataclass(slots=True)
+class Site:
+    family: tuple
+    observed: Any  # bool for boolean sites, frozenset for value sites
+    records: list[Record]
+    ranks: list[int]
+    stage: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    #: template-private detail for `Template.applicable` (e.g. which variables exist)
+    context: Any = None
+
+
+def freeze(value: Any) -> Any:
+    """A hashable, msgpack/JSON-stable stand-in for an argument or return summary."""
+    if isinstance(value, dict):
+        return tuple(sorted((str(k), freeze(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(freeze(v) for v in value)
+    return value
+
+
+def thaw(value: Any) -> Any:
+    """JSON-friendly form of a frozen value (tuples become lists)."""
+    if isinstance(value, tuple):
+        return [thaw(v) for v in value]
+    return value
+
+
+def is_scalar(value: Any) -> bool:
+    return isinstance(value, (str, bool, int, float)) and not (isinstance(value, float) and value != value)
+
+
+class WindowView:
+    """Read-only helpers over a `WindowState`, computed once per evaluation."""
+
+    def __init__(self, window: WindowState) -> None:
+        self.window = window
+        self.run = window.run
+        self.step = window.step
+        self._calls: dict[int, list[dict[str, Any]]] = {}
+        self._children: dict[int, dict[str, list[dict[str, Any]]]] = {}
+
+    def ranks(self) -> list[int]:
+        return sorted(self.window.ranks)
+
+    def facts(self, rank: int) -> dict[str, Any]:
+        return self.window.ranks[rank]
+
+    def calls(self, rank: int) -> list[dict[str, Any]]:
+        cached = self._calls.get(rank)
+        if cached is None:
+            cached = sorted_calls(self.window.ranks[rank])
+            self._calls[rank] = cached
+        return cached
+
+    def children(self, rank: int) -> dict[str, list[dict[str, Any]]]:
+        """Call key -> recorded calls made (directly or not) inside it."""
+        cached = self._children.get(rank)
+        if cached is None:
+            facts = self.window.ranks[rank]
+            cached = {}
+            for call in self.calls(rank):
+                for parent in ancestors(call["key"], facts) if facts.get("links") else self._parent_chain(call):
+                    cached.setdefault(parent, []).append(call)
+            self._children[rank] = cached
+        return cached
+
+    @staticmethod
+    def _parent_chain(call: dict[str, Any]) -> Iterable[str]:
+        return [call["parent"]] if call.get("parent") else []
+
+    def rank_stage(self, rank: int) -> str:
+        return self.window.ranks[rank]["stage"]
+
+    # ------------------------------------------------------------- records
+    def window_record(self, rank: int) -> Record:
+        return {"stage": self.rank_stage(rank), "step_is_first": self.step == 0, "rank": rank}
+
+    def call_record(self, call: Mapping[str, Any], rank: int) -> Record:
+        record: Record = {"stage": call.get("stage", ""), "rank": rank, "step_is_first": self.step == 0}
+        for name in ("mtype", "training"):
+            value = call.get(name)
+            if value is not None:
+                record[name] = value
+        ctx = call.get("ctx")
+        if ctx:
+            for key, value in ctx.items():
+                if value is None or is_scalar(value):
+                    record[f"ctx.{key}"] = value
+        args = call.get("args")
+        if args:
+            for key, value in args.items():
+                if isinstance(value, (bool, str)):
+                    record[f"args.{key}"] = value
+        if call.get("exc"):
+            record["raised"] = True
+        return record
+
+    def state_record(self, attrs: Mapping[str, Any], rank: int) -> Record:
+        record: Record = {"stage": attrs.get("stage", ""), "rank": rank, "step_is_first": self.step == 0}
+        for name in ("vtype", "mtype", "dtype", "requires_grad", "is_leaf"):
+            value = attrs.get(name)
+            if value is not None:
+                record[name] = value
+        if "grad_digest" in attrs or "grad_norm" in attrs:
+            record["has_grad"] = attrs.get("grad_digest") is not None
+        return record
+
+
+class Template:
+    """Base class of relation templates; subclasses fill in the hooks."""
+
+    relation = ""
+    min_support = 2
+
+    def sites(self, view: WindowView, families: Any = None) -> Iterator[Site]:
+        """Every testable site; ``families`` (a container) lets checking skip the rest."""
+        return iter(())
+
+    def is_value_family(self, family: tuple) -> bool:
+        return False
+
+    def allows_precondition(self, family: tuple) -> bool:
+        return True
+
+    def params(self, family: tuple, value: Any) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def key(self, params: Mapping[str, Any]) -> tuple[tuple, Any]:
+        """(family, value) of a deployed invariant; value None for boolean families."""
+        raise NotImplementedError
+
+    def needs(self, params: Mapping[str, Any]) -> FactPlan:
+        raise NotImplementedError
+
+    def apis(self, params: Mapping[str, Any]) -> list[str]:
+        return sorted({v for k, v in params.items() if k in ("api", "child", "first", "then") and isinstance(v, str)})
+
+    def describe(self, params: Mapping[str, Any]) -> str:
+        raise NotImplementedError
+
+    def hint(self, params: Mapping[str, Any]) -> str:
+        return ""
+
+    def validate_params(self, params: Mapping[str, Any]) -> str | None:
+        """None if well-formed, else the name of the first bad field."""
+        try:
+            self.key(params)
+            self.describe(params)
+        except (KeyError, TypeError, ValueError) as exc:
+            return str(exc.args[0]) if exc.args else "params"
+        return None
+
+    def holds(self, value: Any, site: Site) -> bool:
+        """Whether the value-family hypothesis ``value`` held at ``site``."""
+        return value in site.observed
+
+    def applicable(self, value: Any, site: Site) -> bool:
+        """Whether a value-family hypothesis can be judged at this site at all."""
+        return True
+
+    def violation_evidence(self, params: Mapping[str, Any], site: Site) -> dict[str, Any]:
+        return site.evidence

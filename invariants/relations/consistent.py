@@ -1,0 +1,185 @@
+"""Consistent: two variable attributes hold equal values.
+
+Two forms, both evaluated inside one step window (no liveness-overlap guessing):
+
+``scope = "ranks"``      the same variable on every data-parallel rank, e.g.
+    ``{"scope": "ranks", "at": "post:torch.optim.Optimizer.step", "attr": "data_digest"}``
+    — "after the optimizer step every rank holds bit-identical weights".  Broken by a
+    module called outside its DDP wrapper, a skipped all-reduce, rank-local RNG.
+``scope = "variables"``  two different variables on one rank, e.g. tied embeddings
+    ``{"scope": "variables", "at": "step_end", "attr": "data_digest",
+    "a": "module.lm_head.weight", "b": "module.tok_emb.weight"}``.
+
+Digests are full-tensor (every element counts), so equality is exact.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Mapping
+
+from ..window import FactPlan
+from .base import Site, Template, WindowView, freeze
+
+RANK_ATTRS = ("data_digest", "grad_digest", "shape", "dtype")
+TIED_ATTRS = ("data_digest",)
+#: A digest shared by more variables than this is an initial constant (zeros/ones), not a tie.
+MAX_TIE_GROUP = 4
+
+
+def _latest_by_name(facts: dict[str, Any], at: str) -> dict[str, dict[str, Any]]:
+    """name -> attrs of the last snapshot at ``at`` (later calls win; call keys sort by pid:cid)."""
+    merged: dict[str, dict[str, Any]] = {}
+    per_call = facts["states"].get(at) or {}
+    for call_key in sorted(per_call, key=_call_order):
+        merged.update(per_call[call_key])
+    return merged
+
+
+def _call_order(call_key: str) -> tuple[int, int]:
+    if call_key == "-":
+        return (-1, -1)
+    pid, _, cid = call_key.partition(":")
+    try:
+        return (int(pid), int(cid))
+    except ValueError:
+        return (0, 0)
+
+
+class Consistent(Template):
+    relation = "Consistent"
+
+    def is_value_family(self, family: tuple) -> bool:
+        return family[0] == "variables"
+
+    def sites(self, view: WindowView, families: Any = None) -> Iterator[Site]:
+        ranks = view.ranks()
+        points: set[str] = set()
+        for rank in ranks:
+            points.update(view.facts(rank)["states"])
+        for at in sorted(points):
+            snapshots = {rank: _latest_by_name(view.facts(rank), at) for rank in ranks}
+            yield from self._rank_sites(view, at, snapshots, families)
+            yield from self._tie_sites(view, at, snapshots, families)
+
+    def _rank_sites(self, view: WindowView, at: str, snapshots: dict[int, dict[str, dict]], families: Any) -> Iterator[Site]:
+        present = [r for r, names in snapshots.items() if names]
+        if len(present) < 2:
+            return
+        wanted = [a for a in RANK_ATTRS if families is None or ("ranks", at, a) in families]
+        if not wanted:
+            return
+        names = sorted(set().union(*(snapshots[r].keys() for r in present)))
+        for name in names:
+            holders = [r for r in present if name in snapshots[r]]
+            if len(holders) < 2:
+                continue
+            for attr in wanted:
+                values = {r: snapshots[r][name].get(attr) for r in holders}
+                if all(v is None for v in values.values()):
+                    continue
+                frozen = {r: freeze(v) for r, v in values.items()}
+                distinct = set(frozen.values())
+                holds = len(distinct) == 1
+                if holds:
+                    evidence: dict[str, Any] = {}
+                    odd = holders
+                else:
+                    counts: dict[Any, int] = {}
+                    for v in frozen.values():
+                        counts[v] = counts.get(v, 0) + 1
+                    majority = max(counts.items(), key=lambda kv: (kv[1], repr(kv[0])))[0]
+                    odd = [r for r in holders if frozen[r] != majority] if counts[majority] > 1 else holders
+                    evidence = {"variable": name, "attr": attr, "values_by_rank": {str(r): values[r] for r in holders}}
+                yield Site(
+                    family=("ranks", at, attr),
+                    observed=holds,
+                    records=[view.state_record(snapshots[r][name], r) for r in holders],
+                    ranks=odd,
+                    stage=snapshots[holders[0]][name].get("stage", ""),
+                    evidence=evidence,
+                )
+
+    def _tie_sites(self, view: WindowView, at: str, snapshots: dict[int, dict[str, dict]], families: Any) -> Iterator[Site]:
+        for attr in TIED_ATTRS:
+            family = ("variables", at, attr)
+            if families is not None and family not in families:
+                continue
+            for rank, names in sorted(snapshots.items()):
+                if not names:
+                    continue
+                groups: dict[Any, list[str]] = {}
+                for name, attrs in names.items():
+                    value = attrs.get(attr)
+                    numel = attrs.get("numel")
+                    if value is None or (isinstance(numel, int) and numel <= 1):
+                        continue
+                    groups.setdefault(freeze(value), []).append(name)
+                pairs = set()
+                for members in groups.values():
+                    if 1 < len(members) <= MAX_TIE_GROUP:
+                        members.sort()
+                        for i, a in enumerate(members):
+                            for b in members[i + 1 :]:
+                                pairs.add((a, b))
+                yield Site(
+                    family=family,
+                    observed=frozenset(pairs),
+                    records=[view.window_record(rank)],
+                    ranks=[rank],
+                    stage=view.rank_stage(rank),
+                    context=names,
+                )
+
+    def params(self, family: tuple, value: Any) -> dict[str, Any]:
+        if family[0] == "ranks":
+            return {"scope": "ranks", "at": family[1], "attr": family[2]}
+        return {"scope": "variables", "at": family[1], "attr": family[2], "a": value[0], "b": value[1]}
+
+    def key(self, params: Mapping[str, Any]) -> tuple[tuple, Any]:
+        scope = params["scope"]
+        if scope == "ranks":
+            return ("ranks", str(params["at"]), str(params["attr"])), None
+        if scope == "variables":
+            return ("variables", str(params["at"]), str(params["attr"])), (str(params["a"]), str(params["b"]))
+        raise ValueError("scope")
+
+    def needs(self, params: Mapping[str, Any]) -> FactPlan:
+        return FactPlan(apis=set(), state_points={params["at"]}, state_attrs={params["attr"], "numel"})
+
+    def apis(self, params: Mapping[str, Any]) -> list[str]:
+        at = str(params.get("at", ""))
+        return [at.split(":", 1)[1]] if ":" in at else []
+
+    def describe(self, params: Mapping[str, Any]) -> str:
+        where = _where(params["at"])
+        if params["scope"] == "ranks":
+            return f"every parameter's {params['attr']} is identical on all data-parallel ranks {where}"
+        return f"{params['a']} and {params['b']} hold identical {params['attr']} {where} (tied variables)"
+
+    def hint(self, params: Mapping[str, Any]) -> str:
+        if params["scope"] == "ranks":
+            return (
+                "replicas have drifted apart: a gradient all-reduce was skipped (module called outside "
+                "its DDP wrapper, no_sync left on, a rank-local condition), rank-local randomness, or data "
+                "corrupted in transfer"
+            )
+        return "the tie between the two variables was broken (one was re-created, copied or loaded separately)"
+
+    def applicable(self, value: Any, site: Site) -> bool:
+        names = site.context or {}
+        return value[0] in names and value[1] in names
+
+    def violation_evidence(self, params: Mapping[str, Any], site: Site) -> dict[str, Any]:
+        if params["scope"] == "ranks":
+            return site.evidence
+        names = site.context or {}
+        attr = params["attr"]
+        return {"a": params["a"], "b": params["b"], "attr": attr,
+                "a_value": names.get(params["a"], {}).get(attr), "b_value": names.get(params["b"], {}).get(attr)}
+
+
+def _where(at: str) -> str:
+    if at == "step_end":
+        return "at the end of each step"
+    when, _, api = at.partition(":")
+    return f"{'before' if when == 'pre' else 'after'} {api}" if api else f"at {at}"

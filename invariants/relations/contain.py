@@ -1,0 +1,193 @@
+"""EventContain: an API call contains a child event.
+
+``form = "state"``  the call changes a variable in a fixed way, judged from the
+    snapshots taken right before and after that very call (same call id):
+    ``{"form": "state", "api": "torch.optim.Optimizer.step", "attr": "data_digest", "effect": "changes"}``
+    if ``has_grad = True`` — "the optimizer step changes every parameter that has a
+    gradient".  Effects: ``changes`` / ``preserves`` (digest differs / is equal) and
+    ``cleared`` (the gradient is None or all zero afterwards, for ``zero_grad``).
+``form = "call"``   the call contains another recorded call, optionally with given
+    argument values: ``{"form": "call", "api": "torch.nn.Module.forward", "mtype": "Dropout",
+    "child": "torch.nn.functional.dropout", "args": {"training": false}}`` if ``stage = eval``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Mapping
+
+from ..window import FactPlan
+from .base import Site, Template, WindowView, freeze, is_scalar, thaw
+
+STATE_EFFECTS = (("data_digest", "changes"), ("data_digest", "preserves"), ("grad_digest", "cleared"))
+MAX_CHILD_ARGS = 6
+
+
+def _cleared(attrs: Mapping[str, Any]) -> bool:
+    if attrs.get("grad_digest") is None:
+        return True
+    norm = attrs.get("grad_norm")
+    return isinstance(norm, (int, float)) and norm == 0
+
+
+class EventContain(Template):
+    relation = "EventContain"
+
+    def is_value_family(self, family: tuple) -> bool:
+        return family[0] == "call"
+
+    def sites(self, view: WindowView, families: Any = None) -> Iterator[Site]:
+        yield from self._state_sites(view, families)
+        yield from self._call_sites(view, families)
+
+    # ------------------------------------------------------------------ state changes
+    def _state_sites(self, view: WindowView, families: Any) -> Iterator[Site]:
+        for rank in view.ranks():
+            states = view.facts(rank)["states"]
+            for at, per_call in states.items():
+                if not at.startswith("pre:"):
+                    continue
+                api = at[4:]
+                wanted = [(a, e) for a, e in STATE_EFFECTS if families is None or ("state", api, a, e) in families]
+                if not wanted:
+                    continue
+                post_calls = states.get("post:" + api) or {}
+                for call_key, before in per_call.items():
+                    after = post_calls.get(call_key)
+                    if not after:
+                        continue
+                    for name, pre_attrs in before.items():
+                        post_attrs = after.get(name)
+                        if post_attrs is None:
+                            continue
+                        record = None
+                        for attr, effect in wanted:
+                            if effect == "cleared":
+                                if "grad_digest" not in post_attrs:
+                                    continue
+                                holds = _cleared(post_attrs)
+                            else:
+                                if attr not in pre_attrs or attr not in post_attrs:
+                                    continue
+                                same = pre_attrs[attr] == post_attrs[attr]
+                                holds = (not same) if effect == "changes" else same
+                            if record is None:
+                                record = view.state_record(pre_attrs, rank)
+                            yield Site(
+                                family=("state", api, attr, effect),
+                                observed=holds,
+                                records=[record],
+                                ranks=[rank],
+                                stage=pre_attrs.get("stage", ""),
+                                evidence={} if holds else {
+                                    "variable": name, "call": call_key,
+                                    "before": _attr_summary(pre_attrs, attr), "after": _attr_summary(post_attrs, attr),
+                                },
+                            )
+
+    # ------------------------------------------------------------------ child calls
+    def _call_sites(self, view: WindowView, families: Any) -> Iterator[Site]:
+        apis = None if families is None else {f[1] for f in families if f[0] == "call"}
+        if apis is not None and not apis:
+            return
+        for rank in view.ranks():
+            children = view.children(rank)
+            for call in view.calls(rank):
+                api = call["api"]
+                if apis is not None and api not in apis:
+                    continue
+                if not call.get("done"):
+                    continue
+                family = ("call", api, call.get("mtype") or "")
+                if families is not None and family not in families:
+                    continue
+                observed: set[Any] = set()
+                for child in children.get(call["key"], ()):
+                    observed.add(("api", child["api"]))
+                    args = child.get("args") or {}
+                    for name in sorted(args)[:MAX_CHILD_ARGS]:
+                        value = args[name]
+                        if is_scalar(value):
+                            observed.add(("arg", child["api"], name, value))
+                yield Site(
+                    family=family,
+                    observed=frozenset(observed),
+                    records=[view.call_record(call, rank)],
+                    ranks=[rank],
+                    stage=call.get("stage", ""),
+                    evidence={"call": call["key"], "module": call.get("module"),
+                              "children": sorted({c["api"] for c in children.get(call["key"], ())})},
+                )
+
+    # ------------------------------------------------------------------ invariant plumbing
+    def params(self, family: tuple, value: Any) -> dict[str, Any]:
+        if family[0] == "state":
+            return {"form": "state", "api": family[1], "attr": family[2], "effect": family[3]}
+        params: dict[str, Any] = {"form": "call", "api": family[1], "child": value[1]}
+        if family[2]:
+            params["mtype"] = family[2]
+        if value[0] == "arg":
+            params["args"] = {value[2]: thaw(value[3])}
+        return params
+
+    def key(self, params: Mapping[str, Any]) -> tuple[tuple, Any]:
+        form = params["form"]
+        if form == "state":
+            if (params["attr"], params["effect"]) not in STATE_EFFECTS:
+                raise ValueError("effect")
+            return ("state", str(params["api"]), params["attr"], params["effect"]), None
+        if form == "call":
+            family = ("call", str(params["api"]), str(params.get("mtype") or ""))
+            args = params.get("args")
+            if args:
+                if not isinstance(args, dict) or len(args) != 1:
+                    raise ValueError("args")
+                (name, value), = args.items()
+                return family, ("arg", str(params["child"]), name, freeze(value))
+            return family, ("api", str(params["child"]))
+        raise ValueError("form")
+
+    def needs(self, params: Mapping[str, Any]) -> FactPlan:
+        if params["form"] == "state":
+            api = params["api"]
+            attrs = {params["attr"], "grad_digest", "grad_norm"}
+            return FactPlan(apis=set(), state_points={f"pre:{api}", f"post:{api}"}, state_attrs=attrs)
+        child = params["child"]
+        args = params.get("args") or {}
+        return FactPlan(apis={params["api"], child}, args={params["api"]: set(), child: set(args)},
+                        state_points=set(), state_attrs=set(), links=True)
+
+    def describe(self, params: Mapping[str, Any]) -> str:
+        api = params["api"]
+        if params["form"] == "state":
+            effect = {"changes": "changes", "preserves": "leaves unchanged", "cleared": "clears (None or zero)"}[params["effect"]]
+            what = "data" if params["attr"] == "data_digest" else "gradient"
+            return f"every call of {api} {effect} the {what} of the parameters it applies to"
+        where = f"{api} of a {params['mtype']}" if params.get("mtype") else api
+        args = params.get("args")
+        child = params["child"] + (f" with {', '.join(f'{k}={v!r}' for k, v in args.items())}" if args else "")
+        return f"{where} calls {child} inside it"
+
+    def hint(self, params: Mapping[str, Any]) -> str:
+        if params["form"] == "state":
+            if params["effect"] == "changes":
+                return ("the optimizer did not update this parameter: it is not in the optimizer's param groups, "
+                        "it is frozen, the learning rate is zero, or its gradient was lost before the step")
+            if params["effect"] == "cleared":
+                return "gradients were not reset: zero_grad is called on a different optimizer/model, or not at all"
+            return "the call modified state it normally leaves alone"
+        return ("the expected inner call is missing or uses different arguments: a code path was skipped "
+                "(e.g. a module in the wrong train/eval mode, a wrapper bypassed)")
+
+    def violation_evidence(self, params: Mapping[str, Any], site: Site) -> dict[str, Any]:
+        if params["form"] == "state":
+            return site.evidence
+        expected = params["child"] + (f" {params['args']}" if params.get("args") else "")
+        return dict(site.evidence, expected=expected)
+
+
+def _attr_summary(attrs: Mapping[str, Any], attr: str) -> dict[str, Any]:
+    out = {attr: attrs.get(attr)}
+    for extra in ("grad_norm", "data_norm"):
+        if extra in attrs:
+            out[extra] = attrs[extra]
+    return out

@@ -1,0 +1,81 @@
+"""APISequence: one top-level call precedes another inside every step window.
+
+``{"first": "torch.optim.Optimizer.zero_grad", "then": "torch.optim.Optimizer.step"}``
+— "in every step where the optimizer steps, gradients were zeroed before it".  Broken
+by a dropped ``zero_grad()`` (gradients silently accumulate across steps).
+
+Ordering rules are the noisiest template, so this one is pruned hard:
+* only calls made directly by user code (no recorded parent) take part, so
+  caller/callee pairs and library internals never become rules;
+* only APIs called at most ``MAX_CALLS_PER_WINDOW`` times per rank and step;
+* a rule may be scoped only by stage, and must hold in every window of every
+  reference trace (any exception drops it).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Mapping
+
+from ..window import FactPlan
+from .base import Site, Template, WindowView
+
+MAX_CALLS_PER_WINDOW = 4
+
+
+class APISequence(Template):
+    relation = "APISequence"
+    min_support = 3
+
+    def is_value_family(self, family: tuple) -> bool:
+        return True
+
+    def allows_precondition(self, family: tuple) -> bool:
+        return True  # records carry only stage/step_is_first, so that is all a rule can say
+
+    def sites(self, view: WindowView, families: Any = None) -> Iterator[Site]:
+        for rank in view.ranks():
+            first_seen: dict[str, int] = {}
+            counts: dict[str, int] = {}
+            for index, call in enumerate(view.calls(rank)):
+                if call.get("parent") is not None:
+                    continue
+                api = call["api"]
+                counts[api] = counts.get(api, 0) + 1
+                first_seen.setdefault(api, index)
+            eligible = {api for api, n in counts.items() if n <= MAX_CALLS_PER_WINDOW}
+            record = None
+            for then in sorted(eligible):
+                family = ("seq", then)
+                if families is not None and family not in families:
+                    continue
+                at = first_seen[then]
+                before = frozenset(api for api in eligible if first_seen[api] < at)
+                if record is None:
+                    record = {"stage": view.rank_stage(rank), "step_is_first": view.step == 0}
+                yield Site(
+                    family=family,
+                    observed=before,
+                    records=[record],
+                    ranks=[rank],
+                    stage=view.rank_stage(rank),
+                    evidence={"calls_before": sorted(before), "then": then},
+                )
+
+    def params(self, family: tuple, value: Any) -> dict[str, Any]:
+        return {"first": value, "then": family[1]}
+
+    def key(self, params: Mapping[str, Any]) -> tuple[tuple, Any]:
+        return ("seq", str(params["then"])), str(params["first"])
+
+    def needs(self, params: Mapping[str, Any]) -> FactPlan:
+        return FactPlan(apis={params["first"], params["then"]}, args={}, state_points=set(), state_attrs=set())
+
+    def describe(self, params: Mapping[str, Any]) -> str:
+        return f"in every step that calls {params['then']}, {params['first']} is called before it"
+
+    def hint(self, params: Mapping[str, Any]) -> str:
+        return (f"{params['first']} was skipped or moved after {params['then']} in this step "
+                "(a refactored training loop, an early `continue`, a misplaced call)")
+
+    def violation_evidence(self, params: Mapping[str, Any], site: Site) -> dict[str, Any]:
+        return dict(site.evidence, missing_before=params["first"])

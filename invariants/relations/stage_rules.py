@@ -1,0 +1,204 @@
+"""Templates about *when* things happen, which the silent-bug catalogue needs.
+
+**APIAbsent** — "API X is not called in stage S after step K":
+    ``{"api": "torch.nn.init.normal_", "stage": "train", "after_step": 0}``.  Learned for
+    one-off APIs (seen in at most two steps of a reference run: initialisation, seeding,
+    checkpoint loading) whose stage continues well past their last use.  Catches weights
+    re-initialised during training, RNG re-seeded every step.
+
+**AllRanksReport** — "every rank of the world reports every step": ``{}``.  A rank that
+    is missing when a window closes (stalled, crashed, partitioned) is reported with the
+    ranks that did report.  The engine checks it on every window it closes.
+
+**TrainingFlag** — "calls of API X (on modules of type M) run with ``training = F`` in
+    stage S": ``{"api": "torch.nn.Module.forward", "mtype": "Dropout", "stage": "eval",
+    "training": false}``.  Reads the call's ``training`` field, or a boolean
+    ``training`` argument (``torch.nn.functional.dropout``).  Catches dropout or batch-norm
+    statistics left in training mode during evaluation, and the converse.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Mapping
+
+from ..model import Invariant
+from ..window import FactPlan
+from .base import Site, Template, WindowView
+
+#: An API called in more distinct steps than this is not a one-off API.
+ONE_OFF_MAX_STEPS = 2
+#: The stage must go on at least this many steps past the API's last use.
+ABSENT_MIN_TAIL = 3
+
+
+class APIAbsent(Template):
+    relation = "APIAbsent"
+
+    def sites(self, view: WindowView, families: Any = None) -> Iterator[Site]:
+        wanted = None if families is None else {f[1] for f in families}
+        for rank in view.ranks():
+            for call in view.calls(rank):
+                api = call["api"]
+                if wanted is not None and api not in wanted:
+                    continue
+                family = ("absent", api, call.get("stage", ""))
+                if families is not None and family not in families:
+                    continue
+                yield Site(family, view.step, [view.call_record(call, rank)], [rank], call.get("stage", ""),
+                           {"call": call["key"], "module": call.get("module"), "args": call.get("args")})
+
+    def holds(self, value: Any, site: Site) -> bool:
+        return site.observed <= value
+
+    # inference is not site-by-site: it needs the whole run's step range per stage
+    def infer_observe(self, view: WindowView, store: dict[str, Any]) -> None:
+        stage_max = store.setdefault("stage_max", {})
+        api_steps = store.setdefault("api_steps", {})
+        api_stage_max = store.setdefault("api_stage_max", {})
+        run = view.run
+        for rank in view.ranks():
+            stage = view.rank_stage(rank)
+            if stage:
+                key = (run, stage)
+                stage_max[key] = max(stage_max.get(key, -1), view.step)
+            for call in view.calls(rank):
+                if call.get("parent") is not None:
+                    continue
+                api, call_stage = call["api"], call.get("stage", "")
+                steps = api_steps.setdefault((run, api), set())
+                if len(steps) <= ONE_OFF_MAX_STEPS:
+                    steps.add(view.step)
+                key = (api, call_stage)
+                api_stage_max[key] = max(api_stage_max.get(key, -1), view.step)
+                stage_key = (run, call_stage)
+                stage_max[stage_key] = max(stage_max.get(stage_key, -1), view.step)
+
+    def infer_finish(self, store: dict[str, Any]) -> list[Invariant]:
+        stage_max: dict = store.get("stage_max", {})
+        api_steps: dict = store.get("api_steps", {})
+        api_stage_max: dict = store.get("api_stage_max", {})
+        one_off: dict[str, bool] = {}
+        for (run, api), steps in api_steps.items():
+            one_off[api] = one_off.get(api, True) and len(steps) <= ONE_OFF_MAX_STEPS
+        stages = sorted({stage for (_, stage) in stage_max if stage})
+        found = []
+        for api in sorted(a for a, ok in one_off.items() if ok):
+            for stage in stages:
+                last_use = api_stage_max.get((api, stage), -1)
+                tails = [m for (run, s), m in stage_max.items() if s == stage]
+                if not tails or max(tails) < last_use + ABSENT_MIN_TAIL:
+                    continue
+                params = {"api": api, "stage": stage, "after_step": last_use}
+                found.append(Invariant(self.relation, params, None, self.describe(params), [api],
+                                       positive=max(tails) - last_use, negative=0))
+        return found
+
+    def params(self, family: tuple, value: Any) -> dict[str, Any]:
+        return {"api": family[1], "stage": family[2], "after_step": value}
+
+    def key(self, params: Mapping[str, Any]) -> tuple[tuple, Any]:
+        after = params["after_step"]
+        if not isinstance(after, int) or isinstance(after, bool):
+            raise ValueError("after_step")
+        return ("absent", str(params["api"]), str(params["stage"])), after
+
+    def needs(self, params: Mapping[str, Any]) -> FactPlan:
+        return FactPlan(apis={params["api"]}, args={params["api"]: None}, state_points=set(), state_attrs=set())
+
+    def describe(self, params: Mapping[str, Any]) -> str:
+        after = params["after_step"]
+        when = "at any step" if after < 0 else f"after step {after}"
+        return f"{params['api']} is not called in stage {params['stage']!r} {when}"
+
+    def hint(self, params: Mapping[str, Any]) -> str:
+        return (f"{params['api']} ran again mid-{params['stage']}: initialisation or seeding code inside the loop "
+                "(e.g. a model/optimizer re-created, weights re-initialised, RNG re-seeded every step)")
+
+    def violation_evidence(self, params: Mapping[str, Any], site: Site) -> dict[str, Any]:
+        return dict(site.evidence, step=site.observed)
+
+
+class AllRanksReport(Template):
+    relation = "AllRanksReport"
+
+    def infer_observe(self, view: WindowView, store: dict[str, Any]) -> None:
+        store["windows"] = store.get("windows", 0) + 1
+        if view.window.missing_ranks():
+            store["incomplete"] = store.get("incomplete", 0) + 1
+
+    def infer_finish(self, store: dict[str, Any]) -> list[Invariant]:
+        if not store.get("windows") or store.get("incomplete"):
+            return []
+        return [Invariant(self.relation, {}, None, self.describe({}), [], positive=store["windows"], negative=0)]
+
+    def params(self, family: tuple, value: Any) -> dict[str, Any]:
+        return {}
+
+    def key(self, params: Mapping[str, Any]) -> tuple[tuple, Any]:
+        return ("all_ranks",), None
+
+    def needs(self, params: Mapping[str, Any]) -> FactPlan:
+        return FactPlan(apis=set(), state_points=set(), state_attrs=set())
+
+    def describe(self, params: Mapping[str, Any]) -> str:
+        return "every rank of the job reports the end of every step"
+
+    def hint(self, params: Mapping[str, Any]) -> str:
+        return "a rank is stalled, crashed or lost its connection; the others may hang at the next collective"
+
+
+class TrainingFlag(Template):
+    relation = "TrainingFlag"
+
+    def is_value_family(self, family: tuple) -> bool:
+        return True
+
+    def allows_precondition(self, family: tuple) -> bool:
+        return False
+
+    def sites(self, view: WindowView, families: Any = None) -> Iterator[Site]:
+        wanted = None if families is None else {f[1] for f in families}
+        for rank in view.ranks():
+            for call in view.calls(rank):
+                api = call["api"]
+                if wanted is not None and api not in wanted:
+                    continue
+                flag = call.get("training")
+                if not isinstance(flag, bool):
+                    args = call.get("args") or {}
+                    flag = args.get("training")
+                    if not isinstance(flag, bool):
+                        continue
+                stage = call.get("stage", "")
+                family = ("flag", api, call.get("mtype") or "", stage)
+                if families is not None and family not in families:
+                    continue
+                yield Site(family, frozenset([flag]), [view.call_record(call, rank)], [rank], stage,
+                           {"call": call["key"], "module": call.get("module"), "mtype": call.get("mtype"),
+                            "training": flag})
+
+    def params(self, family: tuple, value: Any) -> dict[str, Any]:
+        params = {"api": family[1], "stage": family[3], "training": value}
+        if family[2]:
+            params["mtype"] = family[2]
+        return params
+
+    def key(self, params: Mapping[str, Any]) -> tuple[tuple, Any]:
+        flag = params["training"]
+        if not isinstance(flag, bool):
+            raise ValueError("training")
+        return ("flag", str(params["api"]), str(params.get("mtype") or ""), str(params["stage"])), flag
+
+    def needs(self, params: Mapping[str, Any]) -> FactPlan:
+        return FactPlan(apis={params["api"]}, args={params["api"]: {"training"}}, state_points=set(), state_attrs=set())
+
+    def describe(self, params: Mapping[str, Any]) -> str:
+        what = f"{params['mtype']} modules" if params.get("mtype") else params["api"]
+        mode = "training" if params["training"] else "evaluation"
+        return f"{what} run in {mode} mode (training={params['training']}) during stage {params['stage']!r}"
+
+    def hint(self, params: Mapping[str, Any]) -> str:
+        if params["training"]:
+            return "the module is in eval mode during training: model.train() was not called back after evaluation"
+        return ("the module is still in training mode during evaluation (dropout active, batch-norm statistics "
+                "updated): model.eval() was not called, or a submodule overrides its mode")

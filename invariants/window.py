@@ -1,0 +1,247 @@
+"""One (run, step) window: the facts of every rank's events for that step, folded small.
+
+A window never keeps raw event lists.  `FactPlan` says which facts the deployed
+invariants can ever look at (which APIs, which snapshot points, which attributes and
+arguments); `WindowState.add_batch` keeps exactly those.  For inference the plan is
+`FactPlan.everything()`.  The state is plain dicts/lists/scalars so that it
+round-trips through msgpack (`to_bytes`/`from_bytes`) and can live in a Faust table
+with a changelog.
+
+Kept per rank:
+
+``calls``   one small dict per recorded call of a planned API: api, pid, cid, parent,
+            stage, module/mtype/training (``Module.forward``), filtered args, return
+            summary, ctx, whether it raised, and its order in the rank's stream
+``links``   ``"pid:cid" -> parent cid`` for every call, only when a plan needs to know
+            which calls happen inside which (EventContain with a call child)
+``states``  ``at -> call key -> name -> attrs`` snapshots at planned points
+``ended``   the rank reported this step's end; ``stage`` its stage at that time
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import msgpack
+
+from .events import Batch
+
+#: Snapshot attributes worth keeping for preconditions and evidence, besides digests.
+BASE_STATE_ATTRS = ("requires_grad", "dtype", "mtype", "is_leaf", "shape")
+ALL = None  # "keep everything" marker inside a plan
+
+
+@dataclass
+class FactPlan:
+    """Which facts a window must keep.  ``None`` fields mean "all" (inference)."""
+
+    apis: set[str] | None = field(default_factory=set)
+    #: api -> argument names to keep (None = all arguments of that API)
+    args: dict[str, set[str] | None] = field(default_factory=dict)
+    state_points: set[str] | None = field(default_factory=set)
+    state_attrs: set[str] | None = field(default_factory=set)
+    links: bool = False
+
+    @classmethod
+    def everything(cls) -> "FactPlan":
+        return cls(apis=None, args={}, state_points=None, state_attrs=None, links=True)
+
+    def merge(self, other: "FactPlan") -> None:
+        if self.apis is not None:
+            self.apis = None if other.apis is None else self.apis | other.apis
+        for api, names in other.args.items():
+            if api in self.args and self.args[api] is None:
+                continue
+            self.args[api] = None if names is None else (self.args.get(api) or set()) | names
+        if self.state_points is not None:
+            self.state_points = None if other.state_points is None else self.state_points | other.state_points
+        if self.state_attrs is not None:
+            self.state_attrs = None if other.state_attrs is None else self.state_attrs | other.state_attrs
+        self.links = self.links or other.links
+
+    def keeps_args(self, api: str) -> set[str] | None | bool:
+        """None = all args, a set = those names, False = none."""
+        if self.apis is None:
+            return None
+        if api not in self.args:
+            return False
+        return self.args[api]
+
+
+def call_api(event: dict[str, Any]) -> str:
+    """Invariants key on the stable family name when the producer gives one."""
+    api = event.get("api")
+    return api if isinstance(api, str) and api else event["name"]
+
+
+class WindowState:
+    """Everything a window knows; mutated only by `add_batch`."""
+
+    __slots__ = ("run", "step", "world", "ranks", "batches", "events")
+
+    def __init__(self, run: str, step: int, world: int = 0) -> None:
+        self.run = run
+        self.step = step
+        self.world = world
+        #: rank -> {"ended": bool, "stage": str, "calls": [...], "links": {...}, "states": {...}}
+        self.ranks: dict[int, dict[str, Any]] = {}
+        self.batches = 0
+        self.events = 0
+
+    # ------------------------------------------------------------------ folding
+    def rank(self, rank: int) -> dict[str, Any]:
+        facts = self.ranks.get(rank)
+        if facts is None:
+            facts = {"ended": False, "stage": "", "calls": [], "links": {}, "states": {}}
+            self.ranks[rank] = facts
+        return facts
+
+    def add_batch(self, batch: Batch, plan: FactPlan) -> None:
+        """Fold one validated batch of one rank into the window."""
+        self.world = max(self.world, int(batch["world"]))
+        self.batches += 1
+        events = batch["events"]
+        self.events += len(events)
+        facts = self.rank(int(batch["rank"]))
+        seq = int(batch.get("seq", 0))
+        calls: list[dict[str, Any]] = facts["calls"]
+        links: dict[str, Any] = facts["links"]
+        states: dict[str, Any] = facts["states"]
+        open_calls: dict[str, dict[str, Any]] = {}
+        apis = plan.apis
+        points = plan.state_points
+        attrs_wanted = plan.state_attrs
+        keep_links = plan.links
+        for index, event in enumerate(events):
+            kind = event.get("kind")
+            if kind == "call":
+                api = call_api(event)
+                key = f"{event.get('pid', 0)}:{event['cid']}"
+                phase = event["phase"]
+                if keep_links and phase == "pre":
+                    parent = event.get("parent")
+                    links[key] = None if parent is None else f"{event.get('pid', 0)}:{parent}"
+                if apis is not None and api not in apis:
+                    continue
+                if phase == "pre":
+                    fact = self._call_fact(event, api, key, (seq, index), plan)
+                    calls.append(fact)
+                    open_calls[key] = fact
+                else:
+                    fact = open_calls.get(key) or self._find_call(calls, key)
+                    if fact is None:  # post without pre (pre in an earlier step): keep what we have
+                        fact = self._call_fact(event, api, key, (seq, index), plan)
+                        calls.append(fact)
+                    fact["done"] = True
+                    if phase == "exc":
+                        fact["exc"] = True
+                    elif "ret" in event:
+                        fact["ret"] = event["ret"]
+            elif kind == "state":
+                at = event.get("at") or ""
+                if points is not None and at not in points:
+                    continue
+                raw = event.get("attrs") or {}
+                if attrs_wanted is None:
+                    kept = dict(raw)
+                else:
+                    kept = {k: raw[k] for k in BASE_STATE_ATTRS if k in raw}
+                    for k in attrs_wanted:
+                        if k in raw:
+                            kept[k] = raw[k]
+                kept["stage"] = event.get("stage", "")
+                if "vtype" in event:
+                    kept["vtype"] = event["vtype"]
+                cid = event.get("cid")
+                call_key = "-" if cid is None else f"{event.get('pid', 0)}:{cid}"
+                states.setdefault(at, {}).setdefault(call_key, {})[event["name"]] = kept
+            elif kind == "step":
+                if event.get("phase") == "end":
+                    facts["ended"] = True
+                    facts["stage"] = event.get("stage", facts["stage"])
+                elif not facts["stage"]:
+                    facts["stage"] = event.get("stage", "")
+            if not facts["ended"] and "stage" in event and kind != "meta":
+                facts["stage"] = event["stage"]
+
+    @staticmethod
+    def _find_call(calls: list[dict[str, Any]], key: str) -> dict[str, Any] | None:
+        for fact in reversed(calls):
+            if fact["key"] == key:
+                return fact
+        return None
+
+    @staticmethod
+    def _call_fact(event: dict[str, Any], api: str, key: str, order: tuple[int, int], plan: FactPlan) -> dict[str, Any]:
+        fact: dict[str, Any] = {
+            "api": api,
+            "key": key,
+            "parent": None if event.get("parent") is None else f"{event.get('pid', 0)}:{event['parent']}",
+            "stage": event.get("stage", ""),
+            "o": [order[0], order[1]],
+            "done": event["phase"] != "pre",
+        }
+        for name in ("module", "mtype", "training"):
+            if name in event:
+                fact[name] = event[name]
+        ctx = event.get("ctx")
+        if isinstance(ctx, dict):
+            fact["ctx"] = ctx
+        keep = plan.keeps_args(api)
+        args = event.get("args")
+        if keep is not False and isinstance(args, dict):
+            fact["args"] = dict(args) if keep is None else {k: v for k, v in args.items() if k in keep}
+        if event["phase"] == "exc":
+            fact["exc"] = True
+        elif event["phase"] == "post" and "ret" in event:
+            fact["ret"] = event["ret"]
+        return fact
+
+    # ------------------------------------------------------------------ queries
+    def missing_ranks(self) -> list[int]:
+        return [r for r in range(self.world) if not self.ranks.get(r, {}).get("ended")]
+
+    def is_complete(self) -> bool:
+        return self.world > 0 and not self.missing_ranks()
+
+    def stage(self) -> str:
+        """The window's stage: the most common stage among the ranks that reported."""
+        counts: dict[str, int] = {}
+        for facts in self.ranks.values():
+            if facts["stage"]:
+                counts[facts["stage"]] = counts.get(facts["stage"], 0) + 1
+        if not counts:
+            return ""
+        return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[0][0]
+
+    # ------------------------------------------------------------------ bytes
+    def to_bytes(self) -> bytes:
+        return msgpack.packb(
+            [self.run, self.step, self.world, self.batches, self.events, self.ranks], use_bin_type=True
+        )
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "WindowState":
+        run, step, world, batches, events, ranks = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        state = cls(run, step, world)
+        state.batches = batches
+        state.events = events
+        state.ranks = {int(r): facts for r, facts in ranks.items()}
+        return state
+
+
+def sorted_calls(facts: dict[str, Any]) -> list[dict[str, Any]]:
+    """A rank's calls in emission order, whatever order its batches arrived in."""
+    return sorted(facts["calls"], key=lambda c: (c["o"][0], c["o"][1]))
+
+
+def ancestors(key: str, facts: dict[str, Any]) -> Iterable[str]:
+    """Keys of the calls enclosing ``key`` (innermost first), using the links map."""
+    links = facts.get("links") or {}
+    seen = 0
+    parent = links.get(key)
+    while parent is not None and seen < 64:
+        yield parent
+        parent = links.get(parent)
+        seen += 1
