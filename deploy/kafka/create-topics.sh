@@ -23,32 +23,36 @@ if ! [[ "$EVENTS_RETENTION_MS" =~ ^-?[0-9]+$ ]]; then
   exit 2
 fi
 
-# topic suffix | extra topic configs
+# suffix | partitions | co-partitioned with the tables (count must match) | config.
+# The checkers create the same topics when they are missing; creating them here
+# first avoids replicas racing for it and sets retention.  window-ticks is the
+# checkers' internal timer topic.
 TOPICS=(
-  "events|retention.ms=${EVENTS_RETENTION_MS}"
-  "violations|"
-  "step-summaries|retention.ms=${EVENTS_RETENTION_MS}"
-  "dead-letter|"
+  "events|${PARTITIONS}|yes|retention.ms=${EVENTS_RETENTION_MS}"
+  "step-summaries|${PARTITIONS}|yes|retention.ms=${EVENTS_RETENTION_MS}"
+  "window-ticks|${PARTITIONS}|yes|retention.ms=${EVENTS_RETENTION_MS}"
+  "violations|${PARTITIONS}|no|"
+  "dead-letter|1|no|"
 )
 
 status=0
 for entry in "${TOPICS[@]}"; do
-  topic="${PREFIX}${entry%%|*}"
-  config="${entry#*|}"
+  IFS='|' read -r suffix partitions copartitioned config <<<"$entry"
+  topic="${PREFIX}${suffix}"
   args=(--bootstrap-server "$BOOTSTRAP" --create --if-not-exists
-        --topic "$topic" --partitions "$PARTITIONS" --replication-factor 1)
+        --topic "$topic" --partitions "$partitions" --replication-factor 1)
   if [ -n "$config" ]; then
     args+=(--config "$config")
   fi
   "$KAFKA_TOPICS" "${args[@]}"
   described="$("$KAFKA_TOPICS" --bootstrap-server "$BOOTSTRAP" --describe --topic "$topic")"
   actual="$(printf '%s\n' "$described" | sed -n 's/.*PartitionCount:[[:space:]]*\([0-9][0-9]*\).*/\1/p' | head -n 1)"
-  if [ "$actual" != "$PARTITIONS" ]; then
-    echo "create-topics: topic $topic has ${actual:-unknown} partitions, expected $PARTITIONS;" \
-         "start the checkers with TRAINWATCH_PARTITIONS=${actual:-?} or recreate the topic" >&2
+  if [ "$copartitioned" = yes ] && [ "$actual" != "$partitions" ]; then
+    echo "create-topics: topic $topic has ${actual:-unknown} partitions, expected $partitions;" \
+         "set TRAINWATCH_PARTITIONS=${actual:-?} for every checker or recreate the topic" >&2
     status=1
   else
-    echo "create-topics: $topic ready ($PARTITIONS partitions)"
+    echo "create-topics: $topic ready (${actual:-?} partitions)"
   fi
 done
 exit "$status"
