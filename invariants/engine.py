@@ -88,6 +88,11 @@ class Engine:
         self.plan: FactPlan = invariant_set.plan
         self.report_missing_ranks = report_missing_ranks
 
+    @property
+    def invariants(self) -> list:
+        """The deployed invariants (for counts and listings)."""
+        return self.invariant_set.invariants
+
     def new_window(self, run: str, step: int) -> WindowState:
         return WindowState(run, step)
 

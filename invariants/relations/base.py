@@ -133,6 +133,9 @@ class WindowView:
                 record[name] = value
         if "grad_digest" in attrs or "grad_norm" in attrs:
             record["has_grad"] = attrs.get("grad_digest") is not None
+            norm = attrs.get("grad_norm")
+            if isinstance(norm, (int, float)) and not isinstance(norm, bool):
+                record["grad_nonzero"] = norm > 0
         return record
 
 

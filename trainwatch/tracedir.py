@@ -1,0 +1,81 @@
+"""Read a TRACE_DIR of ``*.twtrace`` files into batches, in step order across files.
+
+One file per process; each file is already in step order, so a k-way merge on the
+step number hands the engine every rank's step *k* before anyone's step *k+1* and
+windows close as soon as they can: memory stays bounded by a few open windows, not by
+the trace size.
+
+Damage is reported precisely: a torn last frame (a killed writer) is recorded in
+`TraceReadReport.truncated` and skipped; anything else raises `TraceDirError` naming
+the file and byte offset.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from invariants.codec import TRACE_MAGIC, TRACE_SUFFIX, FRAME_HEADER, FrameScan, TraceCorruption, decode_batch, iter_frames
+from invariants.events import Batch, SchemaError
+
+
+class TraceDirError(ValueError):
+    """Unreadable input: the message names the path and, for corruption, the byte offset."""
+
+
+@dataclass
+class TraceReadReport:
+    files: list[str] = field(default_factory=list)
+    batches: int = 0
+    events: int = 0
+    truncated: list[tuple[str, int]] = field(default_factory=list)
+
+
+def trace_files(trace_dir: str | Path) -> list[Path]:
+    root = Path(trace_dir)
+    if not root.exists():
+        raise TraceDirError(f"{root}: no such trace directory")
+    if root.is_file():
+        return [root]
+    files = sorted(p for p in root.rglob(f"*{TRACE_SUFFIX}") if p.is_file())
+    if not files:
+        raise TraceDirError(f"{root}: no {TRACE_SUFFIX} files found")
+    return files
+
+
+def _file_batches(path: Path, report: TraceReadReport) -> Iterator[Batch]:
+    scan = FrameScan()
+    offset = len(TRACE_MAGIC)
+    try:
+        with path.open("rb") as stream:
+            try:
+                for payload in iter_frames(stream, scan):
+                    try:
+                        batch = decode_batch(payload)
+                    except SchemaError as exc:
+                        raise TraceDirError(f"{path}: corrupt batch at byte offset {offset}: {exc}") from None
+                    offset += FRAME_HEADER.size + len(payload)
+                    report.batches += 1
+                    report.events += len(batch["events"])
+                    yield batch
+            except TraceCorruption as exc:
+                raise TraceDirError(f"{path}: corrupt at byte offset {exc.offset}: {exc}") from None
+    except OSError as exc:
+        raise TraceDirError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if scan.truncated_at is not None:
+        report.truncated.append((str(path), scan.truncated_at))
+
+
+def read_trace_dir(trace_dir: str | Path, report: TraceReadReport | None = None) -> Iterator[Batch]:
+    """All batches of a trace directory, merged by step (ties: file order, then file position)."""
+    report = report if report is not None else TraceReadReport()
+    files = trace_files(trace_dir)
+    report.files.extend(str(f) for f in files)
+    streams = [
+        ((batch["step"], index, position, batch) for position, batch in enumerate(_file_batches(path, report)))
+        for index, path in enumerate(files)
+    ]
+    for _, _, _, batch in heapq.merge(*streams, key=lambda item: item[:3]):
+        yield batch
