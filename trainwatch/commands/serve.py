@@ -1,15 +1,92 @@
-"""`trainwatch serve` (not yet wired)."""
+"""`trainwatch serve`: a streaming checker worker on a Kafka cluster.
+
+Every flag has a ``TRAINWATCH_*`` environment variable (flags win), so a container
+image can be configured without a command line; Kafka SASL/SSL settings are taken
+from the same variables the producers read.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+
+EXIT_USAGE = 2
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(f"TRAINWATCH_{name}", default)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    pass
+    parser.add_argument("-i", "--invariants", default=_env("INVARIANTS"),
+                        help="invariant file (default: the shipped set; env TRAINWATCH_INVARIANTS)")
+    parser.add_argument("--bootstrap", default=_env("BOOTSTRAP"),
+                        help="Kafka bootstrap HOST:PORT[,HOST:PORT] (env TRAINWATCH_BOOTSTRAP)")
+    parser.add_argument("--metrics-port", type=int, default=int(_env("METRICS_PORT", "9464") or 9464),
+                        help="Prometheus /metrics port, 0 = any free port (env TRAINWATCH_METRICS_PORT)")
+    parser.add_argument("--metrics-host", default=_env("METRICS_HOST", "127.0.0.1"),
+                        help="address /metrics binds to (default loopback; env TRAINWATCH_METRICS_HOST)")
+    parser.add_argument("--partitions", type=int, default=int(_env("PARTITIONS", "4") or 4),
+                        help="partitions of the events topic and tables (env TRAINWATCH_PARTITIONS)")
+    parser.add_argument("--grace-seconds", type=float, default=float(_env("GRACE_SECONDS", "3") or 3),
+                        help="close a window this long after its last batch (env TRAINWATCH_GRACE_SECONDS)")
+    parser.add_argument("--topic-prefix", default=_env("TOPIC_PREFIX", "trainwatch."),
+                        help="topic name prefix (env TRAINWATCH_TOPIC_PREFIX)")
+    parser.add_argument("--app-id", default=_env("APP_ID", "trainwatch-checker"),
+                        help="consumer group / Faust app id shared by cooperating workers (env TRAINWATCH_APP_ID)")
+    parser.add_argument("--data-dir", default=_env("DATA_DIR", ".trainwatch-checker"),
+                        help="worker scratch directory (env TRAINWATCH_DATA_DIR)")
+    parser.add_argument("--max-batch-bytes", type=int,
+                        default=int(_env("MAX_BATCH_BYTES", str(16 * 1024 * 1024)) or 0),
+                        help="larger messages are dead-lettered as oversized (env TRAINWATCH_MAX_BATCH_BYTES)")
+    parser.add_argument("--log-level", default=_env("LOG_LEVEL", "WARNING"),
+                        help="Faust/Kafka client log level (env TRAINWATCH_LOG_LEVEL)")
+
+
+def config_from_args(args: argparse.Namespace):
+    from stream_checkers.config import CheckerConfig, KafkaSecurity
+
+    return CheckerConfig(
+        bootstrap=args.bootstrap or "",
+        invariants_path=args.invariants,
+        metrics_host=args.metrics_host,
+        metrics_port=args.metrics_port,
+        partitions=args.partitions,
+        grace_seconds=args.grace_seconds,
+        topic_prefix=args.topic_prefix,
+        app_id=args.app_id,
+        data_dir=args.data_dir,
+        max_batch_bytes=args.max_batch_bytes,
+        log_level=args.log_level.upper(),
+        security=KafkaSecurity.from_env(),
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    print("trainwatch serve: not available in this build", file=sys.stderr)
-    return 2
+    from stream_checkers.engine_port import EnginePort, InvariantsUnavailable
+
+    config = config_from_args(args)
+    try:
+        config.validate()
+    except ValueError as exc:
+        print(f"trainwatch serve: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        engine = EnginePort.load(config.invariants_path)
+    except InvariantsUnavailable as exc:
+        print(f"trainwatch serve: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    from kafka.errors import KafkaError
+
+    from stream_checkers.topics import TopicMismatch
+    from stream_checkers.worker import run_worker
+
+    try:
+        return run_worker(config, engine)
+    except (KafkaError, TopicMismatch) as exc:
+        print(f"trainwatch serve: Kafka at {config.bootstrap}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as exc:
+        print(f"trainwatch serve: {exc}", file=sys.stderr)
+        return EXIT_USAGE

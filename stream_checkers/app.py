@@ -1,0 +1,409 @@
+"""The Faust app: step windows over the events topic, trend monitors over step summaries.
+
+Data flow inside one worker::
+
+    events ─┐                         ┌─▶ violations (keyed by run)
+            ├─▶ check-windows agent ──┼─▶ step-summaries (keyed by run) ─▶ trend agent ─▶ violations
+    window-ticks ┘   (windows table)  └─▶ dead-letter
+
+* Batches arrive keyed ``run:step``, so every rank's batches of one step meet on one
+  partition and in one worker.  The ``windows`` table (changelogged) holds a
+  `WindowRecord` per open window; the engine decides completeness and evaluates.
+* Faust only allows table writes while handling a message of the table's partition,
+  and a window whose last rank never reports gets no further messages.  So the
+  worker's timer does not close windows itself: it sends a *tick* keyed like the
+  window to the internal ``window-ticks`` topic, on the window's partition, and the
+  same agent (which consumes both topics) closes it there.  That keeps every state
+  change inside the partition's ordered stream — the property recovery relies on.
+* A closed window stays in the table as a marker holding the ids of the violations it
+  emitted, so a batch replayed after a crash is recognised and a window is never
+  evaluated (and reported) twice.  Markers are evicted after a retention period.
+* Step summaries are re-keyed by run so that one trend monitor sees a run's whole
+  sequence; its state lives in the ``trends`` table.
+
+No relation logic lives here: the engine (through `EnginePort`) says what is wrong.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, TextIO
+
+import faust
+import msgpack
+
+from invariants.codec import decode_batch
+from invariants.events import SchemaError
+from invariants.step_summary import StepSummary, StepSummaryBuilder
+from invariants.trends import TrendMonitor, TrendRules
+
+from .config import CheckerConfig
+from .engine_port import EnginePort
+from .metrics import CheckerMetrics
+from .report import encode_violation, violation_line
+from .window_record import WindowRecord, window_key
+
+log = logging.getLogger("trainwatch.checker")
+
+#: Dead-letter records keep at most this much of the original message.
+DEAD_LETTER_VALUE_LIMIT = 64 * 1024
+TICK_RESEND_SECONDS = 2.0
+
+
+def build_faust_app(config: CheckerConfig) -> faust.App:
+    """A Faust app configured for short-lived loopback brokers as well as real clusters."""
+    security = config.security
+    credentials: Any = None
+    if security.protocol.startswith("SASL"):
+        credentials = faust.SASLCredentials(
+            username=security.username,
+            password=security.password,
+            ssl_context=security.ssl_context(),
+            mechanism=security.sasl_mechanism or "PLAIN",
+        )
+    elif security.protocol == "SSL":
+        credentials = faust.SSLCredentials(security.ssl_context())
+    session = config.session_timeout_seconds
+    return faust.App(
+        config.app_id,
+        broker=[f"kafka://{server}" for server in config.bootstrap_servers],
+        broker_credentials=credentials,
+        store="memory://",
+        datadir=config.data_dir,
+        autodiscover=False,
+        web_enabled=False,
+        topic_partitions=config.partitions,
+        topic_replication_factor=1,
+        table_standby_replicas=0,
+        consumer_auto_offset_reset="earliest",
+        broker_session_timeout=session,
+        broker_heartbeat_interval=max(0.5, session / 6),
+        broker_rebalance_timeout=max(session * 2, 10.0),
+        broker_commit_interval=1.0,
+        worker_redirect_stdouts=False,
+        consumer_max_fetch_size=max(config.max_batch_bytes + 1024, 1024 * 1024),
+        producer_max_request_size=max(config.max_batch_bytes + 1024, 1024 * 1024),
+    )
+
+
+@dataclass
+class _Cache:
+    """Decoded window records, valid while the table still holds the bytes we wrote."""
+
+    entries: dict[bytes, tuple[bytes, WindowRecord, Any]] = field(default_factory=dict)
+
+    def get(self, key: bytes, raw: bytes | None) -> tuple[WindowRecord, Any] | None:
+        entry = self.entries.get(key)
+        if entry is not None and raw is not None and entry[0] is raw:
+            return entry[1], entry[2]
+        return None
+
+    def put(self, key: bytes, raw: bytes, record: WindowRecord, window: Any) -> None:
+        self.entries[key] = (raw, record, window)
+
+    def drop(self, key: bytes) -> None:
+        self.entries.pop(key, None)
+
+
+class StreamChecker:
+    """Agents, tables and timer of one checker worker, around an `EnginePort`."""
+
+    def __init__(
+        self,
+        config: CheckerConfig,
+        engine: EnginePort,
+        metrics: CheckerMetrics,
+        *,
+        trend_rules: TrendRules | None = None,
+        out: TextIO | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.engine = engine
+        self.metrics = metrics
+        self.trend_rules = trend_rules or TrendRules()
+        self.out = out or sys.stdout
+        self.clock = clock
+        self.app = build_faust_app(config)
+        names = config.topics
+        self.names = names
+        raw = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
+        n = config.partitions
+        self.input_topic = self.app.topic(names.events, names.window_ticks, partitions=n, **raw)
+        self.ticks_topic = self.app.topic(names.window_ticks, partitions=n, **raw)
+        self.summaries_topic = self.app.topic(names.step_summaries, partitions=n, **raw)
+        self.violations_topic = self.app.topic(names.violations, **raw)
+        self.dead_letter_topic = self.app.topic(names.dead_letter, **raw)
+        table = {"partitions": n, "key_type": bytes, "value_type": bytes}  # bytes -> raw codec
+        self.windows = self.app.Table("windows", default=None, **table)
+        self.run_states = self.app.Table("run-states", default=None, **table)
+        self.trends = self.app.Table("trends", default=None, **table)
+        self._cache = _Cache()
+        self._ticks_sent: dict[bytes, float] = {}
+        self._positions: dict[int, int] = {}
+        self.app.agent(self.input_topic, name=f"{config.app_id}.check-windows")(self._check_windows)
+        self.app.agent(self.summaries_topic, name=f"{config.app_id}.trend-monitors")(self._monitor_trends)
+        self.app.timer(config.tick_interval_seconds)(self._tick)
+
+    # ------------------------------------------------------------------ agents
+    async def _check_windows(self, stream: Any) -> None:
+        async for event in stream.events():
+            message = event.message
+            try:
+                if message.topic == self.names.window_ticks:
+                    await self._on_tick(message)
+                else:
+                    self._positions[message.partition] = message.offset
+                    await self._on_batch(message)
+            except Exception as exc:  # a bug must cost one message, not the worker
+                log.exception("failed to process %s[%s]@%s", message.topic, message.partition, message.offset)
+                await self._dead_letter(message, "internal_error", f"{type(exc).__name__}: {exc}")
+
+    async def _on_batch(self, message: Any) -> None:
+        payload = message.value if message.value is not None else b""
+        try:
+            batch = decode_batch(payload, max_bytes=self.config.max_batch_bytes)
+        except SchemaError as exc:
+            await self._dead_letter(message, exc.reason, str(exc))
+            return
+        run, step, rank, seq = batch["run"], batch["step"], batch["rank"], batch["seq"]
+        events = batch["events"]
+        producer_ts = float(message.timestamp) if message.timestamp else None
+        self.metrics.batch_consumed(run, len(events), producer_ts)
+        self._observe_meta(run, rank, events)
+
+        key = window_key(run, step)
+        raw = self.windows.get(key)
+        record, window = self._load(key, raw)
+        now = self.clock()
+        if record is None:
+            window = self.engine.open(run, step)
+            record = WindowRecord(run, step, message.partition, now, now,
+                                  summary=StepSummaryBuilder(run, step).to_dict())
+        if record.has_seen(rank, seq):
+            return  # redelivered after a restart: already folded (or already judged)
+        if record.closed:
+            self.metrics.late_batch(run)
+            return
+        try:
+            self.engine.add(window, batch)
+        except Exception as exc:
+            log.exception("engine rejected a batch of run %s step %s", run, step)
+            await self._dead_letter(message, "rejected", f"{type(exc).__name__}: {exc}")
+            return
+        summary = StepSummaryBuilder.from_dict(record.summary or {"run": run, "step": step})
+        summary.add_batch(batch)
+        record.summary = summary.to_dict()
+        record.seen.append([rank, seq])
+        record.last_batch_at = now
+        if producer_ts:
+            record.newest_producer_ts = max(record.newest_producer_ts, producer_ts)
+        for event in events:
+            if event["kind"] == "meta" and event.get("what") in ("run_start", "run_end"):
+                record.lifecycle.append([rank, event["what"]])
+        if self.engine.complete(window):
+            await self._close(key, record, window, forced=False)
+        else:
+            self._store(key, record, window)
+
+    def _observe_meta(self, run: str, rank: int, events: list[dict[str, Any]]) -> None:
+        newest = 0
+        for event in events:
+            t = event["t"]
+            if t > newest:
+                newest = t
+            if event["kind"] != "meta":
+                continue
+            what = event.get("what")
+            if what == "producer_stats":
+                self.metrics.producer_stats(run, (rank, event.get("pid")), event)
+        if newest:
+            self.metrics.event_time(run, newest)
+
+    async def _on_tick(self, message: Any) -> None:
+        key = message.key
+        op = message.value
+        raw = self.windows.get(key)
+        record, window = self._load(key, raw)
+        if record is None:
+            return
+        now = self.clock()
+        if op == b"close" and not record.closed and now - record.last_batch_at >= self.config.grace_seconds:
+            await self._close(key, record, window, forced=True)
+        elif op == b"evict" and record.closed and now - record.closed_at >= self.config.closed_retention_seconds:
+            del self.windows[key]
+            self._cache.drop(key)
+            self._ticks_sent.pop(key, None)
+
+    # ------------------------------------------------------------------ windows
+    def _load(self, key: bytes, raw: bytes | None) -> tuple[WindowRecord | None, Any]:
+        if raw is None:
+            return None, None
+        cached = self._cache.get(key, raw)
+        if cached is not None:
+            return cached
+        record = WindowRecord.from_bytes(raw)
+        window = self.engine.load_window(record.engine_state) if record.engine_state is not None else None
+        self._cache.put(key, raw, record, window)
+        return record, window
+
+    def _store(self, key: bytes, record: WindowRecord, window: Any) -> None:
+        record.engine_state = self.engine.dump_window(window) if window is not None else None
+        raw = record.to_bytes()
+        self.windows[key] = raw
+        self._cache.put(key, raw, record, window)
+
+    def _run_state(self, run: str, partition: int) -> tuple[bytes, Any]:
+        # Steps of one run are spread over partitions; each partition keeps its own
+        # run state so that it moves with the partition on a rebalance.
+        key = f"{run}\x00{partition}".encode()
+        raw = self.run_states.get(key)
+        return key, (self.engine.load_run_state(raw) if raw is not None else self.engine.new_run_state(run))
+
+    async def _close(self, key: bytes, record: WindowRecord, window: Any, *, forced: bool) -> None:
+        started = time.perf_counter()
+        run_key, run_state = self._run_state(record.run, record.partition)
+        violations = self.engine.evaluate(window, run_state)
+        elapsed = time.perf_counter() - started
+        self.run_states[run_key] = self.engine.dump_run_state(run_state)
+        fresh = [v for v in violations if v.get("id") not in record.emitted]
+        for violation in fresh:
+            await self.violations_topic.send(key=record.run.encode(), value=encode_violation(violation))
+        summary = StepSummaryBuilder.from_dict(record.summary or {"run": record.run, "step": record.step})
+        await self.summaries_topic.send(
+            key=record.run.encode(),
+            value=msgpack.packb({"summary": summary.summary().to_dict(), "lifecycle": record.lifecycle}),
+        )
+        record.emitted.extend(v["id"] for v in fresh)
+        record.closed_at = self.clock()
+        record.summary = None
+        self._store(key, record, None)
+        self._ticks_sent.pop(key, None)
+        if fresh:
+            # The violation and the closed marker must reach the broker together: a
+            # crash after this point can neither lose nor repeat them.
+            await self.app.producer.flush()
+        self.metrics.window_closed(record.run, record.step, missing_ranks=forced, seconds=elapsed)
+        for violation in fresh:
+            self._report(violation)
+
+    def _report(self, violation: dict[str, Any]) -> None:
+        self.metrics.violation(
+            str(violation.get("run")), str(violation.get("relation")), str(violation.get("invariant")),
+            int(violation.get("step") or 0),
+        )
+        print(violation_line(violation), file=self.out, flush=True)
+
+    async def _dead_letter(self, message: Any, reason: str, error: str) -> None:
+        value = message.value or b""
+        record = {
+            "reason": reason,
+            "error": error[:2000],
+            "topic": message.topic,
+            "partition": message.partition,
+            "offset": message.offset,
+            "timestamp": message.timestamp,
+            "key": message.key,
+            "value": value[:DEAD_LETTER_VALUE_LIMIT],
+            "value_size": len(value),
+            "value_truncated": len(value) > DEAD_LETTER_VALUE_LIMIT,
+            "checker": self.config.app_id,
+            "at": self.clock(),
+        }
+        self.metrics.dead_letter(reason)
+        await self.dead_letter_topic.send(
+            key=message.key, value=msgpack.packb(record, use_bin_type=True),
+            headers=[("trainwatch-reason", reason.encode())],
+        )
+
+    # ------------------------------------------------------------------ trends
+    async def _monitor_trends(self, stream: Any) -> None:
+        async for event in stream.events():
+            message = event.message
+            try:
+                envelope = msgpack.unpackb(message.value, raw=False)
+                summary = StepSummary.from_dict(envelope["summary"])
+            except Exception as exc:
+                await self._dead_letter(message, "bad_summary", f"{type(exc).__name__}: {exc}")
+                continue
+            key = summary.run.encode()
+            raw = self.trends.get(key)
+            state = msgpack.unpackb(raw, raw=False) if raw is not None else {}
+            if "monitor" in state:
+                monitor = TrendMonitor.from_dict(state["monitor"], self.trend_rules)
+            else:
+                monitor = TrendMonitor(summary.run, self.trend_rules)
+            live = self._run_liveness(summary.run, set(state.get("live", ())), envelope.get("lifecycle") or ())
+            alerts = monitor.observe(summary)
+            for alert in alerts:
+                await self.violations_topic.send(key=key, value=encode_violation(alert.to_violation_dict()))
+            self.trends[key] = msgpack.packb({"monitor": monitor.to_dict(), "live": sorted(live)})
+            if alerts:
+                await self.app.producer.flush()
+            for alert in alerts:
+                self.metrics.trend_alert(alert.run, alert.rule)
+                self._report(alert.to_violation_dict())
+
+    def _run_liveness(self, run: str, live: set[int], lifecycle: Any) -> set[int]:
+        """Ranks between run_start and run_end; the run is live while any rank is.
+
+        Lifecycle events ride on step summaries because those are keyed by run: the
+        one worker that owns a run's summaries owns its liveness gauge.
+        """
+        if not lifecycle:
+            return live
+        for rank, what in lifecycle:
+            if what == "run_start":
+                live.add(int(rank))
+            elif what == "run_end":
+                live.discard(int(rank))
+        self.metrics.run_liveness(run, bool(live))
+        return live
+
+    # ------------------------------------------------------------------ timer
+    async def _tick(self) -> None:
+        now = self.clock()
+        open_windows = 0
+        for key, raw in list(self.windows.items()):
+            try:
+                record, _ = self._load(key, raw)
+            except Exception:
+                continue
+            if record is None:
+                continue
+            if not record.closed:
+                open_windows += 1
+                if now - record.last_batch_at >= self.config.grace_seconds:
+                    await self._request(key, record.partition, b"close", now)
+            elif now - (record.closed_at or now) >= self.config.closed_retention_seconds:
+                await self._request(key, record.partition, b"evict", now)
+        self.metrics.open_windows.set(open_windows)
+        self._update_consumer_lag()
+
+    async def _request(self, key: bytes, partition: int, op: bytes, now: float) -> None:
+        if now - self._ticks_sent.get(key, -math.inf) < TICK_RESEND_SECONDS:
+            return
+        self._ticks_sent[key] = now
+        await self.ticks_topic.send(key=key, value=op, partition=partition)
+
+    def _update_consumer_lag(self) -> None:
+        consumer = self.app.consumer
+        try:
+            assignment = consumer.assignment()
+        except Exception:
+            return
+        for tp in assignment:
+            if tp.topic != self.names.events:
+                continue
+            position = self._positions.get(tp.partition)
+            try:
+                highwater = consumer.highwater(tp)
+            except Exception:
+                continue
+            if highwater is None or position is None:
+                continue
+            self.metrics.consumer_lag.labels(partition=str(tp.partition)).set(max(0, highwater - position - 1))

@@ -1,0 +1,64 @@
+"""The narrow interface between the Faust agents and the pure invariant engine.
+
+The agents never look inside a window: they open one, fold batches into it, ask
+whether it is complete, evaluate it at close, and move its state in and out of
+tables as bytes.  Everything about relations lives in `invariants.engine`; this
+module only adapts its objects to those six verbs so that the app stays testable and
+the engine can evolve without touching the streaming code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+class InvariantsUnavailable(RuntimeError):
+    """The invariant file (or the shipped default set) cannot be loaded."""
+
+
+@dataclass
+class EnginePort:
+    engine: Any
+    window_type: Any
+    run_state_type: Any
+
+    @classmethod
+    def load(cls, invariants_path: str | None) -> "EnginePort":
+        """Load the invariant set (the shipped default without a path) and build an engine."""
+        from invariants import engine as engine_module
+        from invariants.invariant_set import InvariantSet
+
+        invariant_set = InvariantSet()
+        return cls(engine_module.Engine(invariant_set), engine_module.WindowState, engine_module.RunState)
+
+    @property
+    def invariant_count(self) -> int:
+        return len(getattr(self.engine, "invariants", ()) or ())
+
+    def open(self, run: str, step: int) -> Any:
+        return self.engine.new_window(run, step)
+
+    def add(self, window: Any, batch: dict[str, Any]) -> None:
+        self.engine.add_batch(window, batch)
+
+    def complete(self, window: Any) -> bool:
+        return bool(self.engine.is_complete(window))
+
+    def evaluate(self, window: Any, run_state: Any) -> list[dict[str, Any]]:
+        return [violation.to_dict() for violation in self.engine.evaluate(window, run_state)]
+
+    def dump_window(self, window: Any) -> bytes:
+        return window.to_bytes()
+
+    def load_window(self, data: bytes) -> Any:
+        return self.window_type.from_bytes(data)
+
+    def new_run_state(self, run: str) -> Any:
+        return self.run_state_type(run)
+
+    def dump_run_state(self, state: Any) -> bytes:
+        return state.to_bytes()
+
+    def load_run_state(self, data: bytes) -> Any:
+        return self.run_state_type.from_bytes(data)

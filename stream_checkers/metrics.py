@@ -1,0 +1,180 @@
+"""The checker's Prometheus metrics (DESIGN §6) on an explicit `CollectorRegistry`.
+
+Metric names and labels are a contract with the alert rules and Grafana dashboards in
+``deploy/``; every one is documented in the README's "Metrics" section.  Labels stay
+bounded: run, relation, invariant, reason, partition, rule — never a step or a tensor
+name (per-violation detail goes to the violations topic).
+
+Producers report *cumulative* drop counts in ``producer_stats`` meta events; this
+module turns them into counter increments per producer, so a restarted producer (whose
+count starts again at zero) neither subtracts nor double counts.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Hashable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from trainwatch import __version__
+
+
+@dataclass
+class CumulativeToIncrements:
+    """Per-source last seen value of a monotonically growing count."""
+
+    _last: dict[Hashable, int] = field(default_factory=dict)
+
+    def increment(self, source: Hashable, cumulative: int) -> int:
+        previous = self._last.get(source, 0)
+        self._last[source] = cumulative
+        if cumulative < previous:  # the source restarted and counts from zero again
+            return cumulative
+        return cumulative - previous
+
+
+class CheckerMetrics:
+    """All metrics of one checker process, registered on the registry it is given."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.violations = Counter(
+            "trainwatch_violations", "Invariant and trend violations reported.",
+            ["run", "relation", "invariant"], registry=registry,
+        )
+        self.first_violation_step = Gauge(
+            "trainwatch_first_violation_step", "Lowest step with a violation in this run.",
+            ["run"], registry=registry,
+        )
+        self.steps_checked = Counter(
+            "trainwatch_steps_checked", "Step windows closed and evaluated.", ["run"], registry=registry
+        )
+        self.last_checked_step = Gauge(
+            "trainwatch_last_checked_step", "Highest step evaluated so far.", ["run"], registry=registry
+        )
+        self.events_consumed = Counter(
+            "trainwatch_events_consumed", "Events in consumed, well-formed batches.", ["run"], registry=registry
+        )
+        self.batches_consumed = Counter(
+            "trainwatch_batches_consumed", "Well-formed batches consumed.", ["run"], registry=registry
+        )
+        self.dead_letters = Counter(
+            "trainwatch_dead_letters", "Messages routed to the dead-letter topic.", ["reason"], registry=registry
+        )
+        self.late_batches = Counter(
+            "trainwatch_late_batches", "Batches that arrived after their step window closed.",
+            ["run"], registry=registry,
+        )
+        self.missing_rank_windows = Counter(
+            "trainwatch_missing_rank_windows", "Step windows closed by the grace timer with ranks missing.",
+            ["run"], registry=registry,
+        )
+        self.window_evaluation = Histogram(
+            "trainwatch_window_evaluation_seconds", "Time to evaluate one closed step window.",
+            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+            registry=registry,
+        )
+        self.open_windows = Gauge(
+            "trainwatch_open_windows", "Step windows currently open on this worker.", registry=registry
+        )
+        self.checker_lag = Gauge(
+            "trainwatch_checker_lag_seconds",
+            "Now minus the producer timestamp of the last consumed batch.", registry=registry,
+        )
+        self.consumer_lag = Gauge(
+            "trainwatch_consumer_lag_messages",
+            "Events-topic messages not yet processed (fetch high-watermark minus position).",
+            ["partition"], registry=registry,
+        )
+        self.producer_dropped_events = Counter(
+            "trainwatch_producer_dropped_events", "Events producers dropped before reaching Kafka.",
+            ["run"], registry=registry,
+        )
+        self.producer_dropped_batches = Counter(
+            "trainwatch_producer_dropped_batches", "Batches producers dropped before reaching Kafka.",
+            ["run"], registry=registry,
+        )
+        self.run_live = Gauge(
+            "trainwatch_run_live", "1 between a run's run_start and run_end announcements.",
+            ["run"], registry=registry,
+        )
+        self.last_event_timestamp = Gauge(
+            "trainwatch_last_event_timestamp_seconds", "Wall-clock time of the newest event seen.",
+            ["run"], registry=registry,
+        )
+        self.trend_alerts = Counter(
+            "trainwatch_trend_alerts", "Trend-monitor alerts (NaN loss, spikes, plateaus, gradients...).",
+            ["run", "rule"], registry=registry,
+        )
+        self.build_info = Gauge(
+            "trainwatch_build_info", "Always 1; the label carries the checker version.",
+            ["version"], registry=registry,
+        )
+        self.build_info.labels(version=__version__).set(1)
+        self._dropped_events = CumulativeToIncrements()
+        self._dropped_batches = CumulativeToIncrements()
+        self._first_violation: dict[str, int] = {}
+        self._last_checked: dict[str, int] = {}
+        self._last_event_ns: dict[str, int] = {}
+
+    # -- consumption -------------------------------------------------------------------
+    def batch_consumed(self, run: str, events: int, producer_timestamp_s: float | None) -> None:
+        self.batches_consumed.labels(run=run).inc()
+        self.events_consumed.labels(run=run).inc(events)
+        if producer_timestamp_s:
+            self.checker_lag.set(max(0.0, time.time() - producer_timestamp_s))
+
+    def event_time(self, run: str, newest_ns: int) -> None:
+        if newest_ns > self._last_event_ns.get(run, 0):
+            self._last_event_ns[run] = newest_ns
+            self.last_event_timestamp.labels(run=run).set(newest_ns / 1e9)
+
+    def producer_stats(self, run: str, producer: Hashable, stats: dict[str, Any]) -> None:
+        dropped_events = stats.get("dropped_events")
+        if isinstance(dropped_events, int) and not isinstance(dropped_events, bool):
+            self.producer_dropped_events.labels(run=run).inc(
+                self._dropped_events.increment((run, producer), dropped_events)
+            )
+        dropped_batches = stats.get("dropped_batches")
+        if isinstance(dropped_batches, int) and not isinstance(dropped_batches, bool):
+            self.producer_dropped_batches.labels(run=run).inc(
+                self._dropped_batches.increment((run, producer), dropped_batches)
+            )
+
+    def dead_letter(self, reason: str) -> None:
+        self.dead_letters.labels(reason=reason).inc()
+
+    def late_batch(self, run: str) -> None:
+        self.late_batches.labels(run=run).inc()
+
+    # -- windows -----------------------------------------------------------------------
+    def window_closed(self, run: str, step: int, *, missing_ranks: bool, seconds: float) -> None:
+        self.window_evaluation.observe(seconds)
+        self.steps_checked.labels(run=run).inc()
+        if step > self._last_checked.get(run, -1):
+            self._last_checked[run] = step
+            self.last_checked_step.labels(run=run).set(step)
+        if missing_ranks:
+            self.missing_rank_windows.labels(run=run).inc()
+
+    def violation(self, run: str, relation: str, invariant: str, step: int) -> None:
+        self.violations.labels(run=run, relation=relation, invariant=invariant).inc()
+        if step < self._first_violation.get(run, step + 1):
+            self._first_violation[run] = step
+            self.first_violation_step.labels(run=run).set(step)
+
+    def trend_alert(self, run: str, rule: str) -> None:
+        self.trend_alerts.labels(run=run, rule=rule).inc()
+
+    def run_liveness(self, run: str, live: bool) -> None:
+        self.run_live.labels(run=run).set(1 if live else 0)
+
+
+def start_metrics_server(registry: CollectorRegistry, host: str, port: int) -> Any:
+    """Serve /metrics on host:port (loopback by default); returns the server to shut down."""
+    from prometheus_client import start_http_server
+
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    return server
