@@ -26,7 +26,7 @@ from collections import Counter
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 Record = Mapping[str, Any]
-Clause = tuple  # ("constant", field, value) | ("consistent"|"unequal"|"exists", field)
+Clause = tuple  # ("constant", field, value, type name) | ("consistent"|"unequal"|"exists", field)
 Signature = frozenset
 
 CLAUSE_KINDS = ("constant", "consistent", "unequal", "exists")
@@ -61,7 +61,8 @@ def signature(records: Sequence[Record]) -> Signature:
         first = values[0]
         if all(v == first and type(v) is type(first) for v in values):
             if name not in NO_CONSTANT_FIELDS:
-                clauses.add(("constant", name, first))
+                # the type is part of the clause: True == 1 in Python, but not in a rule
+                clauses.add(("constant", name, first, type(first).__name__))
             if multi:
                 clauses.add(("consistent", name))
         elif multi and len(set(values)) == len(values):

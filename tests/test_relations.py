@@ -1,0 +1,182 @@
+"""Each relation template, learned from healthy synthetic runs, catches its bug at the right step."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from invariants.engine import Engine, StepWindows
+from invariants.events import make_batch
+from invariants.inference import Inferencer, infer
+from invariants.invariant_set import InvariantSet
+from invariants.model import Invariant
+from invariants.synthetic import Fault, SyntheticRun
+
+
+@functools.lru_cache(maxsize=None)
+def learned() -> tuple[Invariant, ...]:
+    refs = [
+        SyntheticRun(run="ref-a", world=2, steps=8).batches(),
+        SyntheticRun(run="ref-b", world=3, steps=8, seed=1).batches(),
+    ]
+    return tuple(infer(refs))
+
+
+def check(invariants, batches) -> list:
+    windows = StepWindows(Engine(InvariantSet(invariants)))
+    found = []
+    for batch in batches:
+        found.extend(windows.feed(batch))
+    found.extend(windows.finish())
+    return found
+
+
+def first_steps(violations, relation: str) -> set[int]:
+    return {v.step for v in violations if v.relation == relation}
+
+
+def find(relation: str, **params) -> Invariant:
+    matches = [inv for inv in learned() if inv.relation == relation and all(inv.params.get(k) == v for k, v in params.items())]
+    assert matches, f"no {relation} {params} learned"
+    return matches[0]
+
+
+def test_healthy_run_with_other_seed_and_world_has_no_violation():
+    assert check(learned(), SyntheticRun(run="ok", world=4, steps=8, seed=5).batches()) == []
+
+
+@pytest.mark.parametrize(
+    "fault, step, relation",
+    [
+        ("drift", 4, "Consistent"),
+        ("frozen", 4, "EventContain"),
+        ("no_zero_grad", 4, "APISequence"),
+        ("dropout_in_eval", 3, "TrainingFlag"),
+        ("reinit", 5, "APIAbsent"),
+        ("missing_rank", 2, "AllRanksReport"),
+        ("same_worker_seed", 3, "APIArg"),
+        ("allreduce_shape", 2, "APIArg"),
+        ("autocast_lost", 4, "APIOutput"),
+        ("untie", 2, "Consistent"),
+    ],
+)
+def test_fault_is_reported_first_at_its_step(fault, step, relation):
+    violations = check(learned(), SyntheticRun(run="bad", world=2, steps=8, seed=5, faults=[Fault(fault, step, 1)]).batches())
+    assert first_steps(violations, relation), f"{fault}: no {relation} violation"
+    assert min(v.step for v in violations) == step
+    assert min(first_steps(violations, relation)) == step
+    assert all(1 in v.ranks for v in violations if v.step == step and v.relation == relation)
+
+
+def test_cross_rank_consistency_names_the_variable_and_the_odd_rank():
+    inv = find("Consistent", scope="ranks", at="post:torch.optim.Optimizer.step", attr="data_digest")
+    assert inv.precondition is None
+    violations = check([inv], SyntheticRun(run="bad", world=3, steps=4, faults=[Fault("drift", 2, 1)]).batches())
+    assert [(v.step, v.ranks) for v in violations][0] == (2, [1])
+    first = violations[0].evidence["first"]
+    assert first["attr"] == "data_digest" and set(first["values_by_rank"]) == {"0", "1", "2"}
+    assert violations[0].evidence["sites"] >= 2  # every parameter drifted, grouped into one violation
+
+
+def test_optimizer_step_changes_only_params_with_grad_by_learned_precondition():
+    inv = find("EventContain", form="state", api="torch.optim.Optimizer.step", effect="changes")
+    clauses = [c for conj in inv.precondition["any"] for c in conj["all"]]
+    assert {"kind": "constant", "field": "has_grad", "values": [True]} in clauses or \
+        {"kind": "constant", "field": "requires_grad", "values": [True]} in clauses
+    # the frozen parameter never changes and is not reported
+    assert check([inv], SyntheticRun(run="ok", steps=5, seed=3).batches()) == []
+    violations = check([inv], SyntheticRun(run="bad", steps=5, faults=[Fault("frozen", 3, 0)]).batches())
+    assert {(v.step, v.evidence["first"]["variable"]) for v in violations} == {(3, "module.fc1.weight"), (4, "module.fc1.weight")}
+
+
+def test_zero_grad_clears_gradients():
+    inv = find("EventContain", form="state", api="torch.optim.Optimizer.zero_grad", effect="cleared")
+    run = SyntheticRun(run="ok", world=1, steps=3)
+    batches = list(run.batches())
+    for batch in batches:  # zero_grad that leaves one gradient in place
+        for event in batch["events"]:
+            if event.get("at") == "post:torch.optim.Optimizer.zero_grad" and event["name"] == "module.fc2.bias" and batch["step"] == 2:
+                event["attrs"]["grad_digest"] = "abcd"
+                event["attrs"]["grad_norm"] = 0.3
+    violations = check([inv], batches)
+    assert [(v.step, v.evidence["first"]["variable"]) for v in violations] == [(2, "module.fc2.bias")]
+
+
+def test_call_containment_with_argument_value_and_stage_precondition():
+    plain = [i for i in learned() if i.relation == "EventContain" and i.params.get("mtype") == "Dropout"
+             and i.params.get("child") == "torch.nn.functional.dropout" and "args" not in i.params]
+    assert plain and plain[0].precondition is None
+    with_args = [i for i in learned() if i.relation == "EventContain" and i.params.get("mtype") == "Net"
+                 and i.params.get("args") == {"training": False}]
+    assert with_args and with_args[0].precondition["any"][0]["all"] == [{"kind": "constant", "field": "stage", "values": ["eval"]}]
+    violations = check(with_args, SyntheticRun(run="bad", steps=7, faults=[Fault("dropout_in_eval", 6, 1)]).batches())
+    assert [(v.step, v.ranks) for v in violations] == [(6, [1])]
+
+
+def test_sequence_rules_are_pruned_to_top_level_calls():
+    sequences = [inv for inv in learned() if inv.relation == "APISequence"]
+    assert any(inv.params == {"first": "torch.optim.Optimizer.zero_grad", "then": "torch.optim.Optimizer.step"} for inv in sequences)
+    nested = {"torch.nn.functional.linear", "torch.nn.functional.dropout", "torch.distributed.all_reduce"}
+    assert not any(inv.params["first"] in nested or inv.params["then"] in nested for inv in sequences)
+
+
+def test_api_output_dtype_under_autocast_has_a_context_precondition():
+    inv = find("APIOutput", form="constant", api="torch.nn.functional.linear", value="torch.bfloat16")
+    fields = {c["field"] for conj in inv.precondition["any"] for c in conj["all"]}
+    assert fields & {"stage", "ctx.autocast", "ctx.grad", "training", "ctx.training"}
+
+
+def _call_batch(step: int, calls: list[dict], *, rank: int = 0, world: int = 1) -> dict:
+    events = []
+    cid = step * 100
+    for call in calls:
+        cid += 1
+        base = {"kind": "call", "t": cid, "pid": 1, "tid": 1, "stage": "train", "name": call["api"], "api": call["api"],
+                "cid": cid, "parent": None, "ctx": {}}
+        events.append(dict(base, phase="pre", args=call.get("args", {})))
+        events.append(dict(base, phase="post", ret=call.get("ret")))
+    events.append({"kind": "step", "t": cid + 50, "pid": 1, "tid": 1, "stage": "train", "phase": "end"})
+    return make_batch(run="gen", rank=rank, world=world, step=step, seq=step, events=events)
+
+
+def test_api_output_bounded_by_argument_and_same_shape_as_input():
+    tensor = {"T": "tensor", "shape": [2, 5], "dtype": "float32"}
+
+    def run(lengths):
+        for step, length in enumerate(lengths):
+            yield _call_batch(step, [
+                {"api": "generate", "args": {"max_new_tokens": 8}, "ret": {"T": "tensor", "shape": [1, length]}},
+                {"api": "torch.relu", "args": {"input": tensor}, "ret": dict(tensor, shape=[2, 5] if length < 99 else [2, 4])},
+            ])
+
+    inferencer = Inferencer(["APIOutput"])
+    inferencer.add_trace(run([3, 8, 5, 7]))
+    invariants = inferencer.finish()
+    params = [inv.params for inv in invariants]
+    assert {"form": "bounded", "api": "generate", "arg": "max_new_tokens", "out": "last_dim"} in params
+    assert {"form": "same_as_input", "api": "torch.relu", "arg": "input", "prop": "shape"} in params
+    violations = check(invariants, run([4, 12, 99]))
+    assert {(v.step, v.invariant) for v in violations} == {
+        (1, next(i.id for i in invariants if i.params.get("form") == "bounded")),
+        (2, next(i.id for i in invariants if i.params.get("form") == "bounded")),
+        (2, next(i.id for i in invariants if i.params.get("form") == "same_as_input")),
+    }
+
+
+def test_distinct_rule_is_dropped_when_a_reference_repeats_a_value():
+    def run(values):
+        for step, pair in enumerate(values):
+            yield _call_batch(step, [{"api": "torch.nn.init.normal_", "args": {"seed": v}} for v in pair])
+
+    inferencer = Inferencer(["APIArg"])
+    inferencer.add_trace(run([(1, 2), (3, 4), (5, 6)]))
+    assert [inv.params for inv in inferencer.finish()] == [{"form": "distinct", "api": "torch.nn.init.normal_", "arg": "seed"}]
+    inferencer.add_trace(run([(1, 1)]))
+    assert inferencer.finish() == []
+
+
+def test_every_template_has_description_and_hint():
+    for inv in learned():
+        template_hint = Engine(InvariantSet([inv]))  # compiles
+        assert inv.description and template_hint
