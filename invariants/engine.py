@@ -198,6 +198,7 @@ class StepWindows:
         self.runs: dict[str, RunState] = {}
         self.newest_step: dict[str, int] = {}
         self.late_batches = 0
+        self.partial_windows = 0
         self.batches = 0
         self.events = 0
 
@@ -241,6 +242,16 @@ class StepWindows:
         return violations
 
     def finish(self) -> list[Violation]:
+        """End of input: close everything.
+
+        A window in which *no* rank reported the step end is the tail of a trace that
+        stopped mid-step (job killed, trace cut): it is dropped and counted in
+        ``partial_windows`` rather than reported as every rank missing.
+        """
+        tails = [k for k, w in self.windows.items() if not any(f["ended"] for f in w.ranks.values())]
+        for key in tails:
+            del self.windows[key]
+        self.partial_windows += len(tails)
         return self.expire()
 
     def _close(self, key: tuple[str, int]) -> list[Violation]:

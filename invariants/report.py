@@ -26,6 +26,7 @@ class CheckSummary:
     events: int = 0
     windows: int = 0
     late_batches: int = 0
+    partial_windows: int = 0
     truncated: list[tuple[str, int]] = field(default_factory=list)
     source: str = ""
 
@@ -56,6 +57,8 @@ def render_text(violations: list[Violation], summary: CheckSummary, precondition
     lines: list[str] = []
     for path, offset in summary.truncated:
         lines.append(f"note: {path}: torn last record at byte offset {offset} was skipped (writer killed?)")
+    if summary.partial_windows:
+        lines.append(f"note: {summary.partial_windows} trailing step(s) that no rank finished were not checked")
     checked = (f"checked {summary.windows} step windows ({summary.events} events) of run(s) "
                f"{', '.join(summary.runs) or '-'} against {summary.invariants} invariants")
     if not violations:
@@ -93,6 +96,7 @@ def render_json(violations: list[Violation], summary: CheckSummary) -> dict[str,
             "batches": summary.batches,
             "events": summary.events,
             "late_batches": summary.late_batches,
+            "partial_windows": summary.partial_windows,
             "truncated": [{"file": p, "offset": o} for p, o in summary.truncated],
             "by_invariant": [
                 {"invariant": g["invariant"], "relation": g["relation"], "description": g["description"],

@@ -65,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
     summary = CheckSummary(
         invariants=len(invariant_set), runs=runs, batches=report.batches, events=report.events,
         windows=sum(r.windows_closed for r in windows.runs.values()), late_batches=windows.late_batches,
+        partial_windows=windows.partial_windows,
         truncated=report.truncated, source=str(args.trace_dir),
     )
     pres = preconditions_by_id(invariant_set.invariants)
