@@ -1,15 +1,117 @@
-"""`trainwatch collect` (not yet wired)."""
+"""`trainwatch collect`: run a training command unmodified, instrumenting every Python process.
+
+    trainwatch collect [-o TRACE_DIR] [--bootstrap HOST:PORT] [--run-id ID]
+                       [-i INVARIANTS] [--sample-every N] [--full] -- CMD...
+
+Traces go to TRACE_DIR and/or events stream to Kafka; with neither ``-o`` nor
+``--bootstrap`` traces go to ``./traces/<run-id>``.  The command's exit code is passed
+through; bad usage exits 2 with a one-line reason.
+"""
 
 from __future__ import annotations
 
 import argparse
+import re
+import shutil
+import socket
 import sys
+import tempfile
+from pathlib import Path
+
+EXIT_USAGE = 2
+_HOST_PORT = re.compile(r"^\[?[A-Za-z0-9_.:-]+\]?:\d{1,5}$")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    pass
+    parser.usage = "trainwatch collect [options] -- CMD..."
+    parser.add_argument("-o", "--output", dest="trace_dir", metavar="TRACE_DIR", help="write trace files here")
+    parser.add_argument("--bootstrap", metavar="HOST:PORT[,HOST:PORT]", help="stream events to this Kafka cluster")
+    parser.add_argument("--run-id", metavar="ID", help="run identifier (default: <script>-<time>-<random>)")
+    parser.add_argument(
+        "-i", "--invariants", metavar="INVARIANTS",
+        help="instrument only what these invariants need (invariants JSON, or a text file of API names)",
+    )
+    parser.add_argument("--sample-every", type=int, default=1, metavar="N", help="snapshot parameters every N steps")
+    parser.add_argument("--full", action="store_true", help="also record every torch function call (reference traces)")
+    parser.add_argument("--topic-prefix", default=None, metavar="PREFIX", help="Kafka topic prefix (default trainwatch.)")
+    parser.add_argument("--flush-timeout", type=float, default=5.0, metavar="SECONDS",
+                        help="how long the exiting process may spend delivering pending events")
+
+
+def _fail(message: str) -> int:
+    print(f"trainwatch collect: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _script_hint(command: list[str]) -> str:
+    for token in command[1:]:
+        if token.endswith(".py"):
+            return token
+    return command[0]
+
+
+def _broker_reachable(bootstrap: str, timeout_s: float = 1.0) -> bool:
+    for server in bootstrap.split(","):
+        host, _, port = server.strip().rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
 
 
 def run(args: argparse.Namespace) -> int:
-    print("trainwatch collect: not available in this build", file=sys.stderr)
-    return 2
+    from producers.config import DEFAULT_TOPIC_PREFIX, ProducerConfig, make_run_id
+    from producers.launcher import LaunchError, check_trace_dir, run_instrumented
+    from producers.report import collect_report, format_report
+    from producers.selection import SelectionError, default_selection, load_selection
+
+    command = list(args.cmd or [])
+    if not command:
+        return _fail("no training command given (usage: trainwatch collect [options] -- CMD...)")
+    if args.sample_every < 1:
+        return _fail("--sample-every must be at least 1")
+    if args.bootstrap and not all(_HOST_PORT.match(s.strip()) for s in args.bootstrap.split(",")):
+        return _fail(f"--bootstrap {args.bootstrap!r} is not HOST:PORT")
+    try:
+        selection = load_selection(args.invariants, full=args.full) if args.invariants else default_selection(args.full)
+    except SelectionError as exc:
+        return _fail(str(exc))
+    run_id = args.run_id or make_run_id(_script_hint(command))
+    config = ProducerConfig(
+        run_id=run_id,
+        trace_dir=args.trace_dir,
+        bootstrap=args.bootstrap,
+        selection=selection,
+        sample_every=args.sample_every,
+        topic_prefix=args.topic_prefix or DEFAULT_TOPIC_PREFIX,
+        flush_timeout_s=args.flush_timeout,
+        quiet=True,  # collect prints one combined summary instead
+    ).with_defaults()
+    trace_dir = None
+    try:
+        if config.trace_dir:
+            trace_dir = check_trace_dir(config.trace_dir)
+    except LaunchError as exc:
+        return _fail(str(exc))
+    if config.bootstrap and not _broker_reachable(config.bootstrap):
+        print(
+            f"trainwatch collect: warning: Kafka at {config.bootstrap} is not reachable; "
+            "events are dropped (and counted) until it is",
+            file=sys.stderr,
+        )
+    stats_dir = Path(tempfile.mkdtemp(prefix="trainwatch-stats-"))
+    try:
+        from dataclasses import replace
+
+        config = replace(config, stats_dir=str(stats_dir))
+        try:
+            result = run_instrumented(command, config, stats_dir)
+        except LaunchError as exc:
+            return _fail(str(exc))
+        report = collect_report(run_id, stats_dir, trace_dir)
+        print(format_report(report, result.returncode, trace_dir, config.bootstrap, config.events_topic), file=sys.stderr)
+        return result.returncode
+    finally:
+        shutil.rmtree(stats_dir, ignore_errors=True)

@@ -1,0 +1,304 @@
+"""Installing the interception points, each returning a handle that removes it.
+
+Official, removable hooks first: the global optimizer step pre/post hooks (step
+boundaries and snapshots) and the global module forward pre/post hooks (roots,
+stages, module events).  Only APIs without a hook are wrapped, through
+`producers.patching.patch_attribute`.  Torch functions are wrapped too when they have
+a Python attribute to wrap (dropout, init): a ``TorchFunctionMode`` would see them as
+well, but it runs Python on *every* tensor operation, so it is entered only when the
+selection asks for torch functions that cannot be wrapped, or for ``--full``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch.overrides import TorchFunctionMode, resolve_name
+
+from .patching import PatchHandle, patch_attribute
+from .selection import (
+    COLLECTIVES,
+    DROPOUT_FUNCTIONS,
+    INIT_FUNCTIONS,
+    MODULE_EVAL,
+    MODULE_TRAIN,
+    OPTIMIZER_ZERO_GRAD,
+    Selection,
+)
+from .tracer import Tracer
+
+
+@dataclass(frozen=True)
+class WrapSpec:
+    """An API family and the attributes through which user code reaches it."""
+
+    api: str
+    targets: tuple[tuple[str, str], ...]  # (object path, attribute)
+    method: bool = False  # first argument is ``self``: name the call by its runtime class
+    group: str | None = None  # nested calls of the same group are not recorded again
+    stage: str | None = None  # stage while the call runs
+
+
+def _function_spec(api: str, *extra_owners: str) -> WrapSpec:
+    owner, attr = api.rsplit(".", 1)
+    return WrapSpec(api, tuple((o, attr) for o in (owner, *extra_owners)))
+
+
+WRAP_SPECS: tuple[WrapSpec, ...] = (
+    WrapSpec(OPTIMIZER_ZERO_GRAD, (("torch.optim.Optimizer", "zero_grad"),), method=True, group="zero_grad"),
+    WrapSpec(MODULE_TRAIN, (("torch.nn.Module", "train"),), method=True, group="module_mode"),
+    WrapSpec(MODULE_EVAL, (("torch.nn.Module", "eval"),), method=True, group="module_mode"),
+    WrapSpec("torch.Tensor.backward", (("torch.Tensor", "backward"),), method=True, group="backward"),
+    WrapSpec(
+        "torch.nn.utils.clip_grad_norm_",
+        (("torch.nn.utils", "clip_grad_norm_"), ("torch.nn.utils.clip_grad", "clip_grad_norm_")),
+        group="clip",
+    ),
+    WrapSpec("torch.autocast.__enter__", (("torch.autocast", "__enter__"),), method=True, group="autocast"),
+    WrapSpec("torch.save", (("torch", "save"), ("torch.serialization", "save")), group="save", stage="checkpoint"),
+    WrapSpec(
+        "torch.optim.lr_scheduler.LRScheduler.step",
+        (("torch.optim.lr_scheduler.LRScheduler", "step"),),
+        method=True,
+        group="lr_scheduler",
+    ),
+    WrapSpec("torch.manual_seed", (("torch", "manual_seed"), ("torch.random", "manual_seed")), group="seed"),
+    *(WrapSpec(api, (("torch.nn.functional", api.rsplit(".", 1)[1]),), group="dropout") for api in DROPOUT_FUNCTIONS),
+    *(WrapSpec(api, (("torch.nn.init", api.rsplit(".", 1)[1]),), group="init") for api in INIT_FUNCTIONS),
+    *(
+        WrapSpec(
+            api,
+            (("torch.distributed", api.rsplit(".", 1)[1]), ("torch.distributed.distributed_c10d", api.rsplit(".", 1)[1])),
+            group="collective",
+        )
+        for api in COLLECTIVES
+    ),
+)
+WRAPPED_APIS = frozenset(spec.api for spec in WRAP_SPECS)
+INIT_PROCESS_GROUP = "torch.distributed.init_process_group"
+
+
+def resolve_object(path: str) -> Any:
+    """Import ``a.b.C`` as the longest importable module prefix plus attributes."""
+    parts = path.split(".")
+    for split in range(len(parts), 0, -1):
+        try:
+            target: Any = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        for attr in parts[split:]:
+            target = getattr(target, attr)
+        return target
+    raise ImportError(path)
+
+
+def _positional_names(function: Callable[..., Any]) -> list[str]:
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [
+        p.name
+        for p in parameters
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+
+
+def _make_call_wrapper(tracer: Tracer, spec: WrapSpec, on_post: Callable[[], None] | None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        names = _positional_names(original)
+        function_name = f"{getattr(original, '__module__', None) or spec.api.rsplit('.', 1)[0]}.{getattr(original, '__qualname__', spec.api)}"
+        method_suffix = spec.api.rsplit(".", 1)[1]
+        group = spec.group
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if not tracer.enabled or tracer.busy or (group is not None and not tracer.enter_group(group)):
+                return original(*args, **kwargs)
+            try:
+                if tracer.skip_compiled():
+                    return original(*args, **kwargs)
+                token = None
+                try:
+                    call_args = {names[i] if i < len(names) else str(i): value for i, value in enumerate(args)}
+                    call_args.update(kwargs)
+                    extra = None
+                    optimizer = None
+                    if spec.method and args:
+                        cls = type(args[0])
+                        name = f"{cls.__module__}.{cls.__qualname__}.{method_suffix}"
+                        if isinstance(args[0], torch.nn.Module):
+                            extra = {"mtype": cls.__name__, "training": bool(args[0].training)}
+                        elif isinstance(args[0], torch.optim.Optimizer):
+                            optimizer = args[0]
+                            tracer.registry.add_optimizer(optimizer)
+                    else:
+                        name = function_name
+                    token = tracer.begin_call(
+                        spec.api, name, call_args, extra=extra, stage=spec.stage, optimizer=optimizer
+                    )
+                except Exception as exc:
+                    tracer.internal_error(f"wrapper of {spec.api}", exc)
+                try:
+                    result = original(*args, **kwargs)
+                except BaseException as exc:
+                    tracer.end_call(token, exc=exc)
+                    raise
+                tracer.end_call(token, result)
+                if on_post is not None:
+                    try:
+                        on_post()
+                    except Exception as exc:
+                        tracer.internal_error(f"after {spec.api}", exc)
+                return result
+            finally:
+                if group is not None:
+                    tracer.leave_group(group)
+
+        return wrapper
+
+    return make
+
+
+class _RecordingMode(TorchFunctionMode):
+    """Records torch function calls; everything not selected returns after one set lookup."""
+
+    def __init__(self, tracer: Tracer, selected: frozenset[Any] | None, wrapped: frozenset[Any]) -> None:
+        super().__init__()
+        self._tracer = tracer
+        self._selected = selected  # None = every torch function (--full)
+        self._skip = wrapped  # recorded by their wrappers already
+        self._names: dict[Any, str] = {}
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        tracer = self._tracer
+        if (
+            (self._selected is not None and func not in self._selected)
+            or not tracer.enabled
+            or tracer.busy
+            or func in self._skip
+        ):
+            return func(*args, **kwargs)
+        name = self._names.get(func)
+        if name is None:
+            name = resolve_name(func) or f"{getattr(func, '__module__', 'torch')}.{getattr(func, '__qualname__', repr(func))}"
+            self._names[func] = name
+        call_args = {str(i): value for i, value in enumerate(args[:4])}
+        call_args.update({k: v for k, v in kwargs.items() if not isinstance(v, (list, tuple))})
+        token = tracer.begin_call(name, name, call_args)
+        try:
+            result = func(*args, **kwargs)
+        except BaseException as exc:
+            tracer.end_call(token, exc=exc)
+            raise
+        tracer.end_call(token, result)
+        return result
+
+
+def _safe_resolve(path: str) -> Any:
+    try:
+        return resolve_object(path)
+    except (ImportError, AttributeError):
+        return None
+
+
+class _ModeHandle:
+    def __init__(self, mode: TorchFunctionMode) -> None:
+        self._mode: TorchFunctionMode | None = mode
+
+    def remove(self) -> None:
+        mode, self._mode = self._mode, None
+        if mode is not None:
+            try:
+                mode.__exit__(None, None, None)
+            except Exception:  # user code left modes unbalanced: nothing left to undo
+                pass
+
+
+def install(tracer: Tracer, selection: Selection, on_rank_change: Callable[[], None]) -> list[Any]:
+    """Install every interception point the selection needs; return their handles."""
+    from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    handles: list[Any] = [
+        register_optimizer_step_pre_hook(tracer.optimizer_pre),
+        register_optimizer_step_post_hook(tracer.optimizer_post),
+        register_module_forward_pre_hook(tracer.forward_pre),
+        register_module_forward_hook(tracer.forward_post, always_call=True),
+    ]
+    for spec in WRAP_SPECS:
+        wanted = selection.wants(spec.api)
+        on_post = on_rank_change if spec.api == INIT_PROCESS_GROUP else None
+        if not wanted and on_post is None:
+            continue
+        if spec.api.startswith("torch.distributed.") and not torch.distributed.is_available():
+            continue
+        for owner_path, attr in spec.targets:
+            owner = _safe_resolve(owner_path)
+            if owner is None or not hasattr(owner, attr):
+                continue
+            handles.append(patch_attribute(owner, attr, _make_call_wrapper(tracer, spec, on_post)))
+    handles.append(_patch_worker_loop(tracer))
+    mode_targets = _mode_targets(selection)
+    if selection.full or mode_targets:
+        wrapped = frozenset(
+            fn for h in handles if isinstance(h, PatchHandle) for fn in (h.original, h.replacement)
+        )
+        mode = _RecordingMode(tracer, None if selection.full else frozenset(mode_targets), wrapped)
+        mode.__enter__()
+        handles.append(_ModeHandle(mode))
+    return handles
+
+
+def _mode_targets(selection: Selection) -> list[Any]:
+    """Selected torch functions that no wrapper covers (e.g. from an invariants file)."""
+    targets = []
+    for api in selection.apis - WRAPPED_APIS:
+        if not api.startswith("torch.") or api.count(".") < 1:
+            continue
+        target = _safe_resolve(api)
+        if callable(target) and not isinstance(target, type):
+            targets.append(target)
+    return targets
+
+
+def _patch_worker_loop(tracer: Tracer) -> PatchHandle:
+    """DataLoader workers: report seeds once (after torch seeded them), then stay quiet."""
+    import torch.utils.data._utils.worker as worker_module
+
+    from .runtime import close_worker_session
+
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        signature = inspect.signature(original)
+
+        def worker_loop(*args: Any, **kwargs: Any) -> Any:
+            tracer.enabled = False  # a worker only loads data; nothing else to record
+            try:
+                bound = signature.bind(*args, **kwargs)
+                user_init = bound.arguments.get("init_fn")
+                num_workers = int(bound.arguments.get("num_workers", 0))
+
+                def init_fn(worker_id: int) -> None:
+                    try:
+                        tracer.worker_started(worker_id, num_workers)
+                    except Exception as exc:
+                        tracer.internal_error("DataLoader worker start", exc)
+                    if user_init is not None:
+                        user_init(worker_id)
+
+                bound.arguments["init_fn"] = init_fn
+                args, kwargs = bound.args, bound.kwargs
+            except Exception as exc:
+                tracer.internal_error("DataLoader worker wrapper", exc)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                close_worker_session()
+
+        return worker_loop
+
+    return patch_attribute(worker_module, "_worker_loop", make)

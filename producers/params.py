@@ -1,0 +1,177 @@
+"""Which parameters exist, what they are called, and cheap snapshots of all of them.
+
+Names come from the *root* modules the forward hooks see (the outermost module of a
+forward call) via ``named_parameters()``, so they are stable across ranks and runs of
+the same model: ``0.weight``, ``module.encoder.layers.1.linear1.bias`` under DDP.
+Roots after the first with parameters get an ``r<k>.`` prefix (a GAN's second net).
+Parameters only an optimizer knows are named ``opt<i>.g<j>.p<k>``.
+
+A snapshot of every parameter must stay cheap on large models: norms of all tensors
+are computed in one ``torch._foreach_norm`` per list and cross to the host in one
+transfer per device; digests follow `producers.digest`.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import torch
+
+from .digest import skip_reason, tensor_digests
+
+PARAMETER_VTYPE = "torch.nn.Parameter"
+
+
+@dataclass(frozen=True)
+class ParamEntry:
+    name: str
+    param: torch.Tensor
+    module: str | None
+    mtype: str | None
+
+
+class ParameterRegistry:
+    """Roots and optimizers seen so far, and the names of their parameters."""
+
+    def __init__(self) -> None:
+        self._roots: list[weakref.ref[torch.nn.Module]] = []
+        self._root_ids: set[int] = set()
+        self._optimizers: list[weakref.ref[torch.optim.Optimizer]] = []
+        self._optimizer_ids: dict[int, int] = {}
+        self._by_id: dict[int, ParamEntry] = {}
+        self._module_paths: "weakref.WeakKeyDictionary[torch.nn.Module, dict[int, str]]" = weakref.WeakKeyDictionary()
+
+    # -- discovery ------------------------------------------------------------------
+    def add_root(self, root: torch.nn.Module) -> dict[int, str]:
+        """Remember a root module; returns ``id(submodule) -> path`` for module events."""
+        paths = self._module_paths.get(root)
+        if paths is not None:
+            return paths
+        paths = {id(module): path for path, module in root.named_modules(remove_duplicate=False)}
+        self._module_paths[root] = paths
+        if id(root) not in self._root_ids and any(True for _ in root.parameters()):
+            self._root_ids.add(id(root))
+            self._roots.append(weakref.ref(root))
+            self._index_root(root, len(self._roots) - 1)
+        return paths
+
+    def add_optimizer(self, optimizer: torch.optim.Optimizer) -> int:
+        index = self._optimizer_ids.get(id(optimizer))
+        if index is None:
+            index = len(self._optimizers)
+            self._optimizer_ids[id(optimizer)] = index
+            self._optimizers.append(weakref.ref(optimizer))
+            self._index_optimizer(optimizer, index)
+        return index
+
+    def refresh(self) -> None:
+        """Re-read names (modules may have been swapped since); called once per step."""
+        self._by_id = {}
+        for index, root_ref in enumerate(self._roots):
+            root = root_ref()
+            if root is not None:
+                self._module_paths.pop(root, None)
+                self._module_paths[root] = {
+                    id(m): p for p, m in root.named_modules(remove_duplicate=False)
+                }
+                self._index_root(root, index)
+        for index, opt_ref in enumerate(self._optimizers):
+            optimizer = opt_ref()
+            if optimizer is not None:
+                self._index_optimizer(optimizer, index)
+
+    def _index_root(self, root: torch.nn.Module, index: int) -> None:
+        prefix = "" if index == 0 else f"r{index}."
+        for module_path, module in root.named_modules():
+            mtype = type(module).__name__
+            for local_name, param in module.named_parameters(recurse=False):
+                existing = self._by_id.get(id(param))
+                if existing is not None and existing.module is not None:
+                    continue  # shared/tied parameter: the first module path names it
+                name = f"{module_path}.{local_name}" if module_path else local_name
+                self._by_id[id(param)] = ParamEntry(prefix + name, param, module_path, mtype)
+
+    def _index_optimizer(self, optimizer: torch.optim.Optimizer, index: int) -> None:
+        for group_index, group in enumerate(optimizer.param_groups):
+            for param_index, param in enumerate(group.get("params", ())):
+                if id(param) not in self._by_id:
+                    name = f"opt{index}.g{group_index}.p{param_index}"
+                    self._by_id[id(param)] = ParamEntry(name, param, None, None)
+
+    # -- lookups --------------------------------------------------------------------
+    def name_of(self, tensor: torch.Tensor) -> str | None:
+        entry = self._by_id.get(id(tensor))
+        return entry.name if entry is not None and entry.param is tensor else None
+
+    def all_entries(self) -> list[ParamEntry]:
+        return list(self._by_id.values())
+
+    def optimizer_entries(self, optimizer: torch.optim.Optimizer) -> list[ParamEntry]:
+        entries = []
+        for group in optimizer.param_groups:
+            for param in group.get("params", ()):
+                entry = self._by_id.get(id(param))
+                if entry is None or entry.param is not param:
+                    self._index_optimizer(optimizer, self.add_optimizer(optimizer))
+                    entry = self._by_id.get(id(param))
+                if entry is not None:
+                    entries.append(entry)
+        return entries
+
+    @property
+    def has_parameters(self) -> bool:
+        return bool(self._by_id)
+
+
+def _norms(tensors: Sequence[torch.Tensor | None]) -> list[float | None]:
+    """Euclidean norms of float tensors, one host transfer per device."""
+    results: list[float | None] = [None] * len(tensors)
+    groups: dict[torch.device, list[int]] = {}
+    for index, tensor in enumerate(tensors):
+        if tensor is None or not (tensor.is_floating_point() or tensor.is_complex()):
+            continue
+        if tensor.numel() == 0 or skip_reason(tensor) is not None:
+            continue
+        groups.setdefault(tensor.device, []).append(index)
+    for indices in groups.values():
+        norms = torch._foreach_norm([tensors[i] for i in indices])  # type: ignore[misc]
+        values = torch.stack([n.to(torch.float64) for n in norms]).tolist()
+        for index, value in zip(indices, values):
+            results[index] = value
+    return results
+
+
+def snapshot_attrs(entries: Iterable[ParamEntry]) -> list[tuple[ParamEntry, dict[str, Any]]]:
+    """Attributes of each parameter: metadata, data/grad digests and norms."""
+    entries = list(entries)
+    with torch.no_grad():
+        datas = [entry.param.detach() for entry in entries]
+        grads = [entry.param.grad.detach() if entry.param.grad is not None else None for entry in entries]
+        data_digests = tensor_digests(datas)
+        grad_digests = tensor_digests(grads)
+        data_norms = _norms(datas)
+        grad_norms = _norms(grads)
+    results = []
+    for index, entry in enumerate(entries):
+        param = entry.param
+        attrs: dict[str, Any] = {
+            "shape": list(param.shape),
+            "dtype": str(param.dtype).removeprefix("torch."),
+            "device": str(param.device),
+            "requires_grad": bool(param.requires_grad),
+            "is_leaf": bool(param.is_leaf),
+            "numel": int(param.numel()),
+            "data_digest": data_digests[index],
+            "grad_digest": grad_digests[index],
+            "data_norm": data_norms[index],
+            "grad_norm": grad_norms[index],
+            "module": entry.module,
+            "mtype": entry.mtype,
+        }
+        reason = skip_reason(param)
+        if reason is not None:
+            attrs["digest_skipped"] = reason
+        results.append((entry, attrs))
+    return results

@@ -1,0 +1,175 @@
+"""Per-(rank, step) batching of events and delivery to the sinks.
+
+Events accumulate in a buffer for the open step.  A step's batches are flushed when
+the step ends; a very long step is flushed early in several batches of the same step
+(``seq`` increases per producer, so a gap means loss).  The last batch of a step holds
+its ``step``/``end`` event.  Nothing here knows about torch: the session decides
+*when* a step ends, the recorder only keeps the wire contract.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from invariants.codec import encode_batch
+from invariants.events import Batch, Event, make_batch
+
+from .sinks import Sink, SinkStats
+
+
+@dataclass
+class RecorderCounters:
+    """What this process produced, for summaries and ``producer_stats``."""
+
+    steps_ended: int = 0
+    batches: int = 0
+    events: int = 0
+    encode_errors: int = 0
+    sinks: dict[str, SinkStats] = field(default_factory=dict)
+
+
+class StepRecorder:
+    """Buffers the open step's events and ships them as contract batches."""
+
+    def __init__(
+        self,
+        run: str,
+        rank: int,
+        world: int,
+        sinks: Sequence[Sink],
+        *,
+        max_events_per_batch: int = 4096,
+    ) -> None:
+        self.run = run
+        self.rank = rank
+        self.world = world
+        self.step = 0
+        self.sinks = list(sinks)
+        self.max_events = max_events_per_batch
+        self.counters = RecorderCounters()
+        self._seq = 0
+        self._buffer: list[Event] = []
+        self._flushed_in_step = 0  # events of the open step already shipped early
+        self._lock = threading.RLock()  # events may come from DataLoader/autograd threads
+
+    # -- buffering ------------------------------------------------------------------
+    def append(self, event: Event) -> None:
+        with self._lock:
+            self._buffer.append(event)
+            if len(self._buffer) >= self.max_events:
+                self._flushed_in_step += len(self._buffer)
+                self._flush(self._buffer)
+                self._buffer = []
+
+    def extend(self, events: Sequence[Event]) -> None:
+        with self._lock:
+            for event in events:
+                self.append(event)
+
+    @property
+    def position(self) -> int:
+        """Index of the next event within the open step (counting early-flushed ones)."""
+        return self._flushed_in_step + len(self._buffer)
+
+    @property
+    def pending(self) -> int:
+        return len(self._buffer)
+
+    # -- step boundaries ------------------------------------------------------------
+    def end_step(
+        self,
+        end_event: Event,
+        *,
+        at: int | None = None,
+        before_end: Sequence[Event] = (),
+        next_begin: Event | None = None,
+    ) -> None:
+        """Close the open step with ``end_event``; events after index ``at`` move to the next.
+
+        ``at`` lets the session end a step retroactively (a multi-optimizer cycle is
+        only recognised when the first optimizer steps again).
+        """
+        with self._lock:
+            at = len(self._buffer) if at is None else min(max(at - self._flushed_in_step, 0), len(self._buffer))
+            carried = self._buffer[at:]
+            events = self._buffer[:at]
+            events.extend(before_end)
+            events.append(end_event)
+            self._flush(events)
+            self._buffer = ([next_begin] if next_begin is not None else []) + carried
+            self._flushed_in_step = 0
+            self.step += 1
+            self.counters.steps_ended += 1
+
+    def flush_partial(self) -> None:
+        """Ship what is buffered without ending the step (e.g. before a fork)."""
+        with self._lock:
+            if self._buffer:
+                self._flushed_in_step += len(self._buffer)
+                self._flush(self._buffer)
+                self._buffer = []
+
+    def _flush(self, events: list[Event]) -> None:
+        if not events:
+            return
+        batch = make_batch(
+            run=self.run, rank=self.rank, world=self.world, step=self.step, seq=self._seq, events=events
+        )
+        # Not part of the required header: lets a reader tell producers of one rank
+        # apart (a DataLoader worker numbers its own batches from 0).
+        batch["pid"] = os.getpid()
+        self._seq += 1
+        try:
+            payload = encode_batch(batch)
+        except Exception:  # an unencodable summary must not take the step down with it
+            self.counters.encode_errors += 1
+            payload = encode_batch(_sanitised(batch))
+        self.counters.batches += 1
+        self.counters.events += len(events)
+        for sink in self.sinks:
+            sink.write(batch, payload)
+
+    def sink_stats(self) -> dict[str, SinkStats]:
+        return {sink.name: sink.stats() for sink in self.sinks}
+
+    def close_sinks(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        for sink in self.sinks:
+            sink.close(max(deadline - time.monotonic(), 0.0))
+
+    def reset_after_fork(self) -> None:
+        """A forked child starts with an empty buffer and its own sequence numbers."""
+        self._lock = threading.RLock()
+        self._buffer = []
+        self._flushed_in_step = 0
+        self._seq = 0
+        self.counters = RecorderCounters()
+        for sink in self.sinks:
+            forget = getattr(sink, "forget_after_fork", None)
+            if forget is not None:
+                forget()
+
+
+def _sanitised(batch: Batch) -> Batch:
+    """Replace anything msgpack refuses by its repr, keeping the batch shape."""
+
+    def clean(value: Any) -> Any:
+        if value is None or isinstance(value, (bool, int, float, str, bytes)):
+            if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**64:
+                return str(value)
+            return value
+        if isinstance(value, dict):
+            return {str(k): clean(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [clean(v) for v in value]
+        return repr(value)[:200]
+
+    return clean(batch)
+
+
+def process_identity() -> tuple[int, int]:
+    return os.getpid(), threading.get_native_id()

@@ -1,0 +1,469 @@
+"""Turns hook and wrapper callbacks into contract events for one process.
+
+Everything the interception layer observes arrives here: module forward calls (to
+find roots, stages and module events), optimizer steps (to end steps and snapshot
+parameters), wrapped API calls.  The tracer owns the per-thread call stack (for
+``parent`` links), the stage, and the step cycle; the `StepRecorder` owns batching.
+
+Rules that keep training safe:
+
+* every callback is guarded: an internal error is counted, reported once on stderr,
+  and the user's call proceeds untouched;
+* the tracer's own torch work (snapshots) runs with a per-thread ``busy`` flag so that
+  it is never recorded as if the user had done it;
+* inside ``torch.compile`` tracing nothing is recorded (said once on stderr).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import sys
+import threading
+import time
+import traceback
+import weakref
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+import torch
+
+from .params import PARAMETER_VTYPE, ParameterRegistry, snapshot_attrs
+from .recorder import StepRecorder
+from .selection import MODULE_FORWARD, OPTIMIZER_STEP, OPTIMIZER_ZERO_GRAD, WORKER_INIT, Selection
+from .steps import OptimizerCycle
+from .summaries import summarize, summarize_optimizer
+
+SNAPSHOT_APIS = frozenset({OPTIMIZER_STEP, OPTIMIZER_ZERO_GRAD})
+
+
+def _is_compiling() -> bool:
+    compiler = getattr(torch, "compiler", None)
+    check = getattr(compiler, "is_compiling", None)
+    return bool(check()) if check is not None else False
+
+
+class _ThreadState(threading.local):
+    """Per-thread bookkeeping; a fresh instance appears in every thread."""
+
+    def __init__(self) -> None:
+        self.stack: list[int] = []  # cids of recorded calls in progress
+        self.groups: set[str] = set()  # wrapper groups in progress (suppress nesting)
+        self.busy = False  # the tracer itself is running torch code
+        self.depth = 0  # module forward nesting depth
+        self.forward_cids: list[int | None] = []
+        self.root_paths: dict[int, str] = {}
+
+
+class CallToken:
+    """What a wrapper needs to close the call it opened."""
+
+    __slots__ = ("cid", "api", "name", "snapshot_of", "restore_stage", "group")
+
+    def __init__(self, cid: int, api: str, name: str) -> None:
+        self.cid = cid
+        self.api = api
+        self.name = name
+        self.snapshot_of: torch.optim.Optimizer | None = None
+        self.restore_stage: str | None = None
+        self.group: str | None = None
+
+
+class Tracer:
+    """Event production for one process (one rank, or one DataLoader worker)."""
+
+    def __init__(
+        self,
+        recorder: StepRecorder,
+        selection: Selection,
+        *,
+        sample_every: int = 1,
+        stats_every_steps: int = 50,
+        stats_source: Callable[[], dict[str, int]] | None = None,
+    ) -> None:
+        self.recorder = recorder
+        self.selection = selection
+        self.sample_every = max(int(sample_every), 1)
+        self.stats_every_steps = max(int(stats_every_steps), 1)
+        self._stats_source = stats_source
+        self.registry = ParameterRegistry()
+        self.cycle = OptimizerCycle()
+        self.stage = "init"
+        self._explicit_stages: list[str] = []
+        self._tls = _ThreadState()
+        self._cids = itertools.count(1)
+        self.pid = os.getpid()
+        self.enabled = True
+        self.active = False  # anything beyond bookkeeping was recorded
+        self.training_steps = 0  # steps ended by an optimizer (the final partial one excluded)
+        self.internal_errors = 0
+        self._reported: set[str] = set()
+        self._root_ref: weakref.ref[torch.nn.Module] | None = None
+        self._open_steps: dict[int, CallToken] = {}
+        self._pending_end_states: list[dict[str, Any]] = []
+        self._record_forward = selection.wants(MODULE_FORWARD)
+        self._snapshots = selection.snapshots
+        self._autocast_devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+        self.recorder.append(self._event("step", phase="begin"))
+
+    # -- small helpers --------------------------------------------------------------
+    def _event(self, kind: str, **fields: Any) -> dict[str, Any]:
+        event = {
+            "kind": kind,
+            "t": time.time_ns(),
+            "pid": self.pid,
+            "tid": threading.get_native_id(),
+            "stage": self.stage,
+        }
+        event.update(fields)
+        return event
+
+    def _ctx(self) -> dict[str, Any]:
+        autocast = None
+        for device in self._autocast_devices:
+            if torch.is_autocast_enabled(device):
+                autocast = str(torch.get_autocast_dtype(device)).removeprefix("torch.")
+                break
+        root = self._root_ref() if self._root_ref is not None else None
+        return {
+            "grad": torch.is_grad_enabled(),
+            "autocast": autocast,
+            "training": bool(root.training) if root is not None else None,
+        }
+
+    def _record(self, event: dict[str, Any]) -> None:
+        self.active = True
+        self.recorder.append(event)
+
+    @property
+    def sampled(self) -> bool:
+        return self.recorder.step % self.sample_every == 0
+
+    def internal_error(self, where: str, exc: BaseException) -> None:
+        """Count an instrumentation bug and say so once per place; never re-raise."""
+        self.internal_errors += 1
+        if where in self._reported:
+            return
+        self._reported.add(where)
+        frame = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
+        location = f" at {frame[0].filename}:{frame[0].lineno}" if frame else ""
+        print(
+            f"trainwatch: internal error in {where}: {type(exc).__name__}: {exc}{location} "
+            "(training continues; further errors are counted)",
+            file=sys.stderr,
+        )
+
+    def notice(self, key: str, message: str) -> None:
+        if key not in self._reported:
+            self._reported.add(key)
+            print(f"trainwatch: {message}", file=sys.stderr)
+
+    def skip_compiled(self) -> bool:
+        if _is_compiling():
+            self.notice("compile", "inside torch.compile'd regions nothing is recorded (eager code is)")
+            return True
+        return False
+
+    @property
+    def busy(self) -> bool:
+        return self._tls.busy
+
+    # -- stages ---------------------------------------------------------------------
+    @contextmanager
+    def explicit_stage(self, name: str) -> Iterator[None]:
+        """A user-annotated stage wins over the automatic one until the block ends."""
+        previous = self.stage
+        self._explicit_stages.append(name)
+        self.stage = name
+        try:
+            yield
+        finally:
+            self._explicit_stages.pop()
+            self.stage = self._explicit_stages[-1] if self._explicit_stages else previous
+
+    def _set_auto_stage(self, stage: str) -> None:
+        if not self._explicit_stages:
+            self.stage = stage
+
+    # -- wrapped API calls ----------------------------------------------------------
+    def enter_group(self, group: str) -> bool:
+        """False when a call of ``group`` is already in progress on this thread."""
+        groups = self._tls.groups
+        if group in groups:
+            return False
+        groups.add(group)
+        return True
+
+    def leave_group(self, group: str) -> None:
+        self._tls.groups.discard(group)
+
+    def begin_call(
+        self,
+        api: str,
+        name: str,
+        args: dict[str, Any],
+        *,
+        extra: dict[str, Any] | None = None,
+        stage: str | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+    ) -> CallToken | None:
+        """Record a ``pre`` event (and a parameter snapshot for optimizer calls)."""
+        try:
+            token = CallToken(next(self._cids), api, name)
+            if stage is not None and not self._explicit_stages:
+                token.restore_stage = self.stage
+                self.stage = stage
+            stack = self._tls.stack
+            event = self._event(
+                "call",
+                name=name,
+                api=api,
+                phase="pre",
+                cid=token.cid,
+                parent=stack[-1] if stack else None,
+                args={key: summarize(value, self.registry.name_of) for key, value in args.items()},
+                ctx=self._ctx(),
+            )
+            if extra:
+                event.update(extra)
+            self._record(event)
+            stack.append(token.cid)
+            if optimizer is not None and api in SNAPSHOT_APIS and self._snapshots and self.sampled:
+                token.snapshot_of = optimizer
+                self._snapshot(self.registry.optimizer_entries(optimizer), f"pre:{api}", token.cid)
+            return token
+        except Exception as exc:
+            self.internal_error(f"recording {api}", exc)
+            return None
+
+    def end_call(self, token: CallToken | None, ret: Any = None, exc: BaseException | None = None) -> None:
+        if token is None:
+            return
+        try:
+            stack = self._tls.stack
+            if stack and stack[-1] == token.cid:
+                stack.pop()
+            elif token.cid in stack:
+                stack.remove(token.cid)
+            if exc is None:
+                event = self._event(
+                    "call", name=token.name, api=token.api, phase="post", cid=token.cid,
+                    ret=summarize(ret, self.registry.name_of),
+                )
+            else:
+                event = self._event(
+                    "call", name=token.name, api=token.api, phase="exc", cid=token.cid,
+                    exc=type(exc).__qualname__, msg=str(exc)[:300],
+                )
+            self._record(event)
+            if token.snapshot_of is not None and exc is None:
+                self._snapshot(self.registry.optimizer_entries(token.snapshot_of), f"post:{token.api}", token.cid)
+        except Exception as error:
+            self.internal_error(f"recording {token.api}", error)
+        finally:
+            if token.restore_stage is not None:
+                self.stage = token.restore_stage
+
+    # -- snapshots ------------------------------------------------------------------
+    def _state_events(self, entries: list[Any], at: str, cid: int | None) -> list[dict[str, Any]]:
+        self._tls.busy = True
+        try:
+            snapshot = snapshot_attrs(entries)
+        finally:
+            self._tls.busy = False
+        events = []
+        for entry, attrs in snapshot:
+            events.append(
+                self._event("state", name=entry.name, vtype=PARAMETER_VTYPE, at=at, cid=cid, attrs=attrs)
+            )
+        return events
+
+    def _snapshot(self, entries: list[Any], at: str, cid: int | None) -> None:
+        if entries:
+            self.recorder.extend(self._state_events(entries, at, cid))
+
+    # -- module forward (global hooks) ----------------------------------------------
+    def forward_pre(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        if not self.enabled or self._tls.busy or self.skip_compiled():
+            return
+        tls = self._tls
+        try:
+            depth = tls.depth
+            tls.depth = depth + 1
+            if depth == 0:
+                tls.root_paths = self.registry.add_root(module)
+                self._root_ref = weakref.ref(module)
+                self._set_auto_stage("train" if module.training else "eval")
+            if not self._record_forward:
+                tls.forward_cids.append(None)
+                return
+            cid = next(self._cids)
+            stack = tls.stack
+            cls = type(module)
+            event = self._event(
+                "call",
+                name=f"{cls.__module__}.{cls.__qualname__}.forward",
+                api=MODULE_FORWARD,
+                phase="pre",
+                cid=cid,
+                parent=stack[-1] if stack else None,
+                module=tls.root_paths.get(id(module)),
+                mtype=cls.__name__,
+                training=bool(module.training),
+                args={"0": summarize(args[0], self.registry.name_of)} if args else {},
+                ctx=self._ctx(),
+            )
+            self._record(event)
+            stack.append(cid)
+            tls.forward_cids.append(cid)
+        except Exception as exc:
+            tls.forward_cids.append(None)
+            self.internal_error("module forward pre-hook", exc)
+
+    def forward_post(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        if not self.enabled or self._tls.busy or _is_compiling():
+            return
+        tls = self._tls
+        try:
+            if tls.depth > 0:
+                tls.depth -= 1
+            cid = tls.forward_cids.pop() if tls.forward_cids else None
+            if cid is None:
+                return
+            if tls.stack and tls.stack[-1] == cid:
+                tls.stack.pop()
+            cls = type(module)
+            self._record(
+                self._event(
+                    "call",
+                    name=f"{cls.__module__}.{cls.__qualname__}.forward",
+                    api=MODULE_FORWARD,
+                    phase="post",
+                    cid=cid,
+                    module=tls.root_paths.get(id(module)),
+                    mtype=cls.__name__,
+                    training=bool(module.training),
+                    ret=summarize(output, self.registry.name_of),
+                )
+            )
+        except Exception as exc:
+            self.internal_error("module forward hook", exc)
+
+    # -- optimizer steps (global hooks) and step boundaries -------------------------
+    def optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if not self.enabled or self._tls.busy or self.skip_compiled():
+            return
+        try:
+            self.registry.add_optimizer(optimizer)
+            decision = self.cycle.before_step(id(optimizer))
+            if decision.end_step:
+                self._end_step(cut_at=decision.cut_at, states=self._pending_end_states)
+            cls = type(optimizer)
+            name = f"{cls.__module__}.{cls.__qualname__}.step"
+            if self.selection.wants(OPTIMIZER_STEP):
+                token = self.begin_call(
+                    OPTIMIZER_STEP, name, {"self": optimizer}, optimizer=optimizer
+                )
+                if token is not None:
+                    self._open_steps[id(optimizer)] = token
+        except Exception as exc:
+            self.internal_error("optimizer step pre-hook", exc)
+
+    def optimizer_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if not self.enabled or self._tls.busy or _is_compiling():
+            return
+        try:
+            self.end_call(self._open_steps.pop(id(optimizer), None))
+            decision = self.cycle.after_step(id(optimizer), self.recorder.position)
+            if not self.cycle.learnt:
+                # The step may have ended here; keep what its end snapshot would be.
+                self._pending_end_states = self._end_states()
+            if decision.end_step:
+                self._end_step()
+        except Exception as exc:
+            self.internal_error("optimizer step hook", exc)
+
+    def _end_states(self) -> list[dict[str, Any]]:
+        if not (self._snapshots and self.sampled):
+            return []
+        return self._state_events(self.registry.all_entries(), "step_end", None)
+
+    def _end_step(
+        self, *, cut_at: int | None = None, states: list[dict[str, Any]] | None = None, final: bool = False
+    ) -> None:
+        if states is None:
+            states = self._end_states()
+        before_end = list(states)
+        if self._stats_source is not None and (
+            final or (self.recorder.step + 1) % self.stats_every_steps == 0
+        ):
+            before_end.append(self._event("meta", what="producer_stats", **self._stats_source()))
+        fields: dict[str, Any] = {"phase": "end"}
+        if final:
+            fields["final"] = True
+        end = self._event("step", **fields)
+        begin = None if final else self._event("step", phase="begin")
+        self.recorder.end_step(end, at=cut_at, before_end=before_end, next_begin=begin)
+        self._pending_end_states = []
+        if not final:
+            self.training_steps += 1
+        if self._snapshots and self.sampled:
+            self._tls.busy = True
+            try:
+                self.registry.refresh()
+            finally:
+                self._tls.busy = False
+
+    def finish(self, meta: dict[str, Any]) -> None:
+        """Close the open step at session end: a pending first-iteration cut, then the tail."""
+        if not self.active:
+            return
+        if not self.cycle.learnt and self.cycle.pending_cut is not None:
+            self._end_step(cut_at=self.cycle.pending_cut, states=self._pending_end_states)
+        self.recorder.append(self._event("meta", what="run_end", **meta))
+        self._end_step(states=[], final=True)
+
+    def record_meta(self, what: str, **fields: Any) -> None:
+        self.recorder.append(self._event("meta", what=what, **fields))
+
+    # -- DataLoader workers -----------------------------------------------------------
+    def worker_started(self, worker_id: int, num_workers: int) -> None:
+        """The one event a DataLoader worker sends: its seeds, then it stays quiet."""
+        import xxhash
+
+        numpy_digest = None
+        numpy = sys.modules.get("numpy")
+        if numpy is not None:
+            state = numpy.random.get_state()
+            numpy_digest = xxhash.xxh3_64_hexdigest(state[1].tobytes() + str(state[2:]).encode())
+        python_digest = xxhash.xxh3_64_hexdigest(repr(random.getstate()).encode())
+        event = self._event(
+            "call",
+            name="torch.utils.data._utils.worker._worker_loop",
+            api=WORKER_INIT,
+            phase="post",
+            cid=next(self._cids),
+            parent=None,
+            args={
+                "worker_id": worker_id,
+                "num_workers": num_workers,
+                "torch_seed": torch.initial_seed(),
+                "numpy_state_digest": numpy_digest,
+                "python_random_digest": python_digest,
+            },
+            ret=None,
+            ctx=self._ctx(),
+        )
+        self.recorder.append(event)
+        self.recorder.flush_partial()
+
+    def reset_after_fork(self) -> None:
+        """A forked child (DataLoader worker) inherits our state: make it quiet and fresh."""
+        self.enabled = False
+        self.pid = os.getpid()
+        self._tls = _ThreadState()
+        self._open_steps = {}
+        self._pending_end_states = []
+        self.active = False
+        self.recorder.reset_after_fork()
