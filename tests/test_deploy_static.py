@@ -22,6 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 COMPOSE = ROOT / "docker-compose.yml"
 ENV_EXAMPLE = ROOT / ".env.example"
+SASL_OVERRIDE = ROOT / "deploy" / "kafka" / "external-sasl-ssl.yml"
+COMPOSE_OVERRIDES = [SASL_OVERRIDE]
 RULES_DIR = DEPLOY / "prometheus" / "rules"
 RULE_FILES = sorted(RULES_DIR.glob("*.yml"))
 DASHBOARD_FILES = sorted((DEPLOY / "grafana" / "dashboards").glob("*.json"))
@@ -54,14 +56,15 @@ def assert_ok(proc: subprocess.CompletedProcess) -> None:
 # --------------------------------------------------------------------- compose
 
 
-def compose_config(env_file: Path, tmp_path: Path) -> dict:
+def compose_config(env_file: Path, tmp_path: Path, *overrides: Path) -> dict:
     """`docker-compose config` as docker would resolve it, isolated from the caller's
     environment and from any .env a developer keeps in the checkout."""
     binary = require_binary("docker-compose")
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path)}
-    check = run_tool(binary, "-f", str(COMPOSE), "--env-file", str(env_file), "config", "-q", env=env)
+    files = [arg for path in (COMPOSE, *overrides) for arg in ("-f", str(path))]
+    check = run_tool(binary, *files, "--env-file", str(env_file), "config", "-q", env=env)
     assert_ok(check)
-    proc = run_tool(binary, "-f", str(COMPOSE), "--env-file", str(env_file), "config", env=env)
+    proc = run_tool(binary, *files, "--env-file", str(env_file), "config", env=env)
     assert_ok(proc)
     return yaml.safe_load(proc.stdout)
 
@@ -136,7 +139,9 @@ def test_compose_every_long_running_service_has_healthcheck_restart_and_limits(e
 
 
 def test_env_example_documents_every_compose_variable_and_overrides_apply(tmp_path):
-    used = set(re.findall(r"\$\{([A-Z0-9_]+)(?::?-[^}]*)?\}", COMPOSE.read_text()))
+    used = set()
+    for path in (COMPOSE, *COMPOSE_OVERRIDES):
+        used |= set(re.findall(r"\$\{([A-Z0-9_]+)(?::?-[^}]*)?\}", path.read_text()))
     documented = {
         line.split("=", 1)[0]
         for line in ENV_EXAMPLE.read_text().splitlines()
@@ -160,6 +165,22 @@ def test_env_example_documents_every_compose_variable_and_overrides_apply(tmp_pa
     assert str(services["checker"]["environment"]["TRAINWATCH_PARTITIONS"]) == "12"
     assert str(services["kafka-init"]["environment"]["TRAINWATCH_PARTITIONS"]) == "12"
     assert services["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"] == "s3cret"
+
+
+def test_sasl_ssl_override_secures_only_the_external_listener(tmp_path):
+    env_file = tmp_path / "sasl.env"
+    env_file.write_text("KAFKA_EXTERNAL_USERNAME=job\nKAFKA_EXTERNAL_PASSWORD=pa55\n")
+    kafka = compose_config(env_file, tmp_path, SASL_OVERRIDE)["services"]["kafka"]
+    env = kafka["environment"]
+    protocols = dict(item.split(":") for item in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
+    assert protocols == {"CONTROLLER": "PLAINTEXT", "INTERNAL": "PLAINTEXT", "EXTERNAL": "SASL_SSL"}
+    assert 'user_job="pa55";' in env["KAFKA_LISTENER_NAME_EXTERNAL_PLAIN_SASL_JAAS_CONFIG"]
+    keystore = env["KAFKA_LISTENER_NAME_EXTERNAL_SSL_KEYSTORE_LOCATION"]
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in map(str, kafka["volumes"])}
+    assert Path(keystore).parent.as_posix() in mounts
+    assert Path(mounts[Path(keystore).parent.as_posix()]) == DEPLOY / "kafka" / "secrets"
+    # the base file's volumes survive the merge
+    assert "/var/lib/kafka/data" in mounts
 
 
 def test_compose_mounts_exist_in_the_repository(empty_env_file, tmp_path):
