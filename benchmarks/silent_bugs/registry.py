@@ -1,0 +1,137 @@
+"""The silent-bug benchmark's registry: one record per reproduction.
+
+The registry is data, not logic: ``run.py`` and the tests read it to know how to launch
+each reproduction, where its bug starts, which API or variable is the root cause (to
+judge whether the top violation points at it) and which invariant relation is expected
+to catch it. ``python registry.py`` prints it as JSON for tools outside Python.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+SINGLE = "single"
+TORCHRUN_2 = "torchrun-2"
+
+
+@dataclass(frozen=True)
+class BugCase:
+    id: str
+    title: str
+    #: The documented public case the reproduction is modelled on.
+    source: str
+    #: Names (API families, variable-name fragments) a violation should mention to count
+    #: as pointing at the root cause; matched case-insensitively as substrings.
+    root_cause: tuple[str, ...]
+    #: The invariant relation expected to catch it (DESIGN §4 names).
+    expected_relation: str
+    launch: str = SINGLE
+    onset: int = 3
+    steps: int = 6
+    notes: str = ""
+    script: str = field(default="")
+
+    @property
+    def path(self) -> Path:
+        return HERE / (self.script or f"{self.id}.py")
+
+    def command(self, python: str, *, bug: bool, seed: int = 0, steps: int | None = None) -> list[str]:
+        """The training command, ready to be run under ``trainwatch collect -- ...``."""
+        launcher = [python] if self.launch == SINGLE else [
+            python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        ]
+        flags = ["--onset", str(self.onset), "--steps", str(steps or self.steps), "--seed", str(seed)]
+        return launcher + [str(self.path)] + flags + (["--bug"] if bug else [])
+
+
+BUGS: tuple[BugCase, ...] = (
+    BugCase(
+        "missing_zero_grad", "optimizer.zero_grad() no longer called; gradients accumulate",
+        "StackOverflow-60335387", ("zero_grad",), "APISequence",
+    ),
+    BugCase(
+        "optimizer_wrong_params", "optimizer rebuilt over the frozen backbone instead of the head",
+        "PyTorch-forum-84911", ("Optimizer.step", "head."), "EventContain",
+    ),
+    BugCase(
+        "ddp_raw_module", "raw module called instead of the DDP wrapper; replicas drift",
+        "x-jxmnop-ddp-out-of-sync", ("Parameter", "0.weight", "2.weight"), "Consistent", launch=TORCHRUN_2,
+    ),
+    BugCase(
+        "ddp_lost_sync_hooks", "parameters replaced under DDP; gradients no longer all-reduced",
+        "PyTorch-104336", ("Parameter", "weight"), "Consistent", launch=TORCHRUN_2,
+    ),
+    BugCase(
+        "bf16_clip_one_rank", "bf16 grad clipping on one tensor-parallel rank only; LayerNorm diverges",
+        "DeepSpeed-1801 (BLOOM-176B)", ("norm.weight", "norm.bias", "clip_grad_norm_"), "Consistent",
+        launch=TORCHRUN_2, notes="sharded params carry tensor_model_parallel=True and differ across ranks by design",
+    ),
+    BugCase(
+        "allreduce_corruption", "received all-reduce buffer corrupted on one rank",
+        "PyTorch-84803 / PyTorch-96600 / Baichuan2-86", ("Parameter", "weight", "all_reduce"), "Consistent",
+        launch=TORCHRUN_2,
+    ),
+    BugCase(
+        "eval_dropout_attention", "attention kernel applies dropout during evaluation",
+        "Transformers-33844", ("dropout",), "APIArg (training flag)",
+    ),
+    BugCase(
+        "spectral_norm_eval_first", "spectral-norm layer evaluated before its first training forward",
+        "PyTorch-51800", ("forward", "grown"), "APISequence",
+        notes="only one step is affected; the signal is a module's first forward happening in eval mode",
+    ),
+    BugCase(
+        "freeze_only_in_train", "stage freezing only applied inside train(); stem keeps training",
+        "MMPretrain-702", ("stem", "requires_grad"), "EventContain",
+    ),
+    BugCase(
+        "reinit_every_step", "weights re-initialised with nn.init every step",
+        "Transformers-17877", ("torch.nn.init",), "APIArg / APIAbsent-in-stage",
+    ),
+    BugCase(
+        "dataloader_same_augmentation", "DataLoader workers share one numpy RNG state",
+        "StackOverflow-67180955", ("worker_init", "numpy"), "APIArg (distinct across workers)",
+    ),
+    BugCase(
+        "autocast_skipped", "a block escapes autocast and returns fp32",
+        "Lightning-Thunder-725", ("forward", "block", "dtype"), "APIOutput",
+    ),
+    BugCase(
+        "generate_ignores_max_new_tokens", "generation produces more than max_new_tokens",
+        "Transformers-23723", ("max_new_tokens", "GreedySampler"), "APIOutput (bounded by argument)",
+    ),
+    BugCase(
+        "preprocess_batch_size", "preprocessing collapses the batch to one sample",
+        "Transformers-34204", ("Preprocessor", "shape"), "APIOutput (shape equals input)",
+    ),
+    BugCase(
+        "step_ignored_after_set_to_none", "optimizer step silently does nothing after grads were set to None",
+        "PyTorch-115607", ("Optimizer.step", "PlannedSGD"), "EventContain",
+    ),
+    BugCase(
+        "moe_inconsistent_collective_args", "ranks pass different reduce ops to the MoE router all-reduce",
+        "DeepSpeed-5794", ("all_reduce", "router"), "APIArg (consistent across ranks)", launch=TORCHRUN_2,
+    ),
+    BugCase(
+        "eval_mode_left_on", "model left in eval mode after validation",
+        "PyTorch-forum (model.train() forgotten)", ("forward", "training"), "APIArg (training flag)",
+    ),
+    BugCase(
+        "tied_weights_untied", "tied embedding and LM head untied by a resize",
+        "Transformers (resize_token_embeddings untying)", ("head.weight", "embed.weight"), "Consistent",
+    ),
+)
+
+BY_ID = {case.id: case for case in BUGS}
+
+
+def as_json() -> str:
+    return json.dumps([{**asdict(case), "script": case.path.name} for case in BUGS], indent=2)
+
+
+if __name__ == "__main__":
+    print(as_json())
