@@ -137,3 +137,14 @@ def format_report(report: RunReport, returncode: int, trace_dir: Path | None, bo
         for error in sorted(set(report.kafka_errors))[:1]:
             lines.append(f"  kafka last error: {error}")
     return "\n".join(lines)
+
+
+def read_trace_batches(path: Path) -> list[dict[str, Any]]:
+    """Every complete batch of one trace file, decoded and validated, in file order."""
+    with open(path, "rb") as stream:
+        return [decode_batch(payload) for payload in iter_frames(stream)]
+
+
+def read_trace_dir(directory: Path) -> dict[str, list[dict[str, Any]]]:
+    """``file name -> batches`` for every trace file in a directory."""
+    return {path.name: read_trace_batches(path) for path in sorted(Path(directory).glob(f"*{TRACE_SUFFIX}"))}
