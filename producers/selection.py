@@ -150,9 +150,11 @@ def _core_needed_apis(document: Any, path: Path) -> set[str] | None:
     if needed_apis is None:
         return None
     try:
-        return {str(api) for api in needed_apis(document)}
+        from invariants.invariant_file import load_set
+
+        return {str(api) for api in needed_apis(load_set(document, source=str(path)))}
     except Exception as exc:  # the core validates; its message is the useful one
-        raise SelectionError(f"{path}: {exc}") from None
+        raise SelectionError(str(exc) if str(path) in str(exc) else f"{path}: {exc}") from None
 
 
 def _strings_under_apis(node: Any) -> Iterable[str]:

@@ -392,6 +392,7 @@ class Tracer:
     def _end_step(
         self, *, cut_at: int | None = None, states: list[dict[str, Any]] | None = None, final: bool = False
     ) -> None:
+        self.active = True  # an optimizer stepped: this process trains
         if states is None:
             states = self._end_states()
         before_end = list(states)
