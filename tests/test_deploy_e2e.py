@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -36,7 +37,15 @@ import pytest
 
 yaml = pytest.importorskip("yaml", reason="PyYAML (test extra) reads the shipped YAML")
 
-from test_deploy_static import DASHBOARD_FILES, DEPLOY, RULE_FILES, panels_of, require_binary  # noqa: E402
+from test_deploy_static import (  # noqa: E402
+    COMPOSE,
+    DASHBOARD_FILES,
+    DEPLOY,
+    RULE_FILES,
+    panels_of,
+    require_binary,
+    uncomment_examples,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -156,6 +165,7 @@ class WebhookReceiver:
         self.server.server_close()
 
     def firing_alerts(self) -> list[dict[str, Any]]:
+        """Alerts of the webhook notifications (Alertmanager's JSON, version 4)."""
         with self._lock:
             return [
                 alert
@@ -164,8 +174,35 @@ class WebhookReceiver:
                 if alert.get("status") == "firing"
             ]
 
+    def slack_messages(self) -> list[dict[str, Any]]:
+        """Attachments of the Slack-format notifications, as Slack would receive them."""
+        with self._lock:
+            return [
+                attachment
+                for note in self.notifications
+                if note["path"].endswith("/slack")
+                for attachment in note["payload"].get("attachments", [])
+            ]
+
 
 # ------------------------------------------------------------------ configuration copies
+
+
+def interpolate_defaults(value: str) -> str:
+    """Compose's `${VAR:-default}` with no .env: the default."""
+    return re.sub(r"\$\{[A-Z0-9_]+(?::?-([^}]*))?\}", lambda m: m.group(1) or "", value)
+
+
+def compose_checker_settings(overrides: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """The checker container's command and environment from docker-compose.yml, with
+    what must differ on loopback overridden; every other variable is passed as
+    shipped (e.g. an empty TRAINWATCH_INVARIANTS = the shipped invariant set)."""
+    service = yaml.safe_load(COMPOSE.read_text())["services"]["checker"]
+    environment = {name: interpolate_defaults(str(value)) for name, value in service["environment"].items()}
+    missing = set(overrides) - set(environment)
+    assert not missing, f"the compose checker does not set {missing}"
+    environment.update(overrides)
+    return list(service["command"]), environment
 
 
 def rules_with_short_for(target_dir: Path) -> list[Path]:
@@ -207,7 +244,12 @@ def prometheus_config(rules_dir: Path, checker_port: int, alertmanager_port: int
 
 
 def alertmanager_config(webhook_url: str) -> dict:
+    """The shipped config; its webhook and the (enabled) Slack example both deliver to
+    the receiver, so the shipped notification templates render real alerts."""
     config = yaml.safe_load((DEPLOY / "alertmanager" / "alertmanager.yml").read_text())
+    examples = yaml.safe_load(uncomment_examples((DEPLOY / "alertmanager" / "alertmanager.yml").read_text()))
+    slack = next(r for r in examples["receivers"] if r["name"] == "team-slack")["slack_configs"][0]
+    slack["api_url"] = webhook_url + "/slack"
     config["templates"] = [str(DEPLOY / "alertmanager" / "templates" / "*.tmpl")]
     routes = [config["route"], *config["route"].get("routes", [])]
     for route in routes:
@@ -215,6 +257,7 @@ def alertmanager_config(webhook_url: str) -> dict:
     for receiver in config["receivers"]:
         for webhook in receiver.get("webhook_configs", []):
             webhook["url"] = webhook_url
+            receiver["slack_configs"] = [slack]
     return config
 
 
@@ -302,11 +345,15 @@ def stack(tmp_path_factory) -> Stack:
     processes: list[ManagedProcess] = []
     try:
         checker_port, prometheus_port, alertmanager_port = free_port(), free_port(), free_port()
-        checker = ManagedProcess("checker", [
-            sys.executable, "-c", BLOCK_TORCH, "serve", "--bootstrap", broker.bootstrap,
-            "--metrics-host", "127.0.0.1", "--metrics-port", str(checker_port),
-            "--partitions", str(PARTITIONS), "--grace-seconds", "1", "--data-dir", str(tmp / "checker-data"),
-        ], tmp / "checker.log", env=env, cwd=tmp).start()
+        command, checker_env = compose_checker_settings({
+            "TRAINWATCH_BOOTSTRAP": broker.bootstrap,
+            "TRAINWATCH_METRICS_HOST": "127.0.0.1",
+            "TRAINWATCH_METRICS_PORT": str(checker_port),
+            "TRAINWATCH_PARTITIONS": str(PARTITIONS),
+            "TRAINWATCH_GRACE_SECONDS": "1",
+        })
+        checker = ManagedProcess("checker", [sys.executable, "-c", BLOCK_TORCH, *command],
+                                 tmp / "checker.log", env={**env, **checker_env}, cwd=tmp).start()
         processes.append(checker)
         training = ManagedProcess("training", [
             sys.executable, "-m", "trainwatch.cli", "collect", "--bootstrap", broker.bootstrap,
@@ -400,8 +447,19 @@ def test_violation_alert_fires_and_alertmanager_delivers_it_to_the_webhook(stack
     assert TRAINING_RUN in alert["annotations"]["summary"]
     assert "first violated an invariant at step" in alert["annotations"]["description"]
     payload = next(n["payload"] for n in stack.webhook.notifications
-                   if any(a is alert for a in n["payload"]["alerts"]))
+                   if any(a is alert for a in n["payload"].get("alerts", [])))
     assert payload["groupLabels"] == {"alertname": "TrainwatchInvariantViolated", "run": TRAINING_RUN}
+
+    # The shipped templates, through the Slack example, render the same alert.
+    def slack_message() -> list[dict[str, Any]]:
+        return [m for m in stack.webhook.slack_messages()
+                if m.get("title", "").endswith(f"TrainwatchInvariantViolated in run {TRAINING_RUN}")]
+
+    message = wait_until(slack_message, 30, "the Slack-format notification", stack.diagnose)[0]
+    assert message["title"].startswith("[FIRING:")
+    assert message["title_link"] == alert["annotations"]["dashboard"]
+    assert alert["annotations"]["summary"] in message["text"]
+    assert f"Runbook: {RUNBOOK_URL}/invariant-violated.md" in message["text"]
 
 
 def test_pipeline_alerts_fire_on_the_checkers_real_metrics(stack: Stack):
