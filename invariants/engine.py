@@ -116,7 +116,7 @@ class Engine:
                             continue
                     elif not template.applicable(value, site) or template.holds(value, site):
                         continue
-                    if not compiled.predicate(site.records):
+                    if not compiled.predicate(site.get_records()):
                         continue
                     self._record(found, counts, compiled, template, site, window)
         if self.report_missing_ranks:

@@ -25,7 +25,7 @@ from .engine import Engine, StepWindows
 from .events import Batch
 from .invariant_set import InvariantSet
 from .model import Invariant
-from .precondition import infer_precondition, signature
+from .precondition import SignatureCache, infer_precondition
 from .relations import TEMPLATES
 from .relations.base import Template, WindowView
 from .window import FactPlan, WindowState
@@ -58,6 +58,7 @@ class Inferencer:
         self.custom: dict[str, dict[str, Any]] = {}
         self.windows = 0
         self.traces = 0
+        self._signature = SignatureCache()
 
     # ------------------------------------------------------------------ feeding
     def observe(self, window: WindowState) -> None:
@@ -68,8 +69,14 @@ class Inferencer:
                 template.infer_observe(view, self.custom.setdefault(template.relation, {}))
                 continue
             relation = template.relation
+            signature = self._signature
+            last_records: Any = None
+            sig: frozenset = frozenset()
             for site in template.sites(view):
-                sig = signature(site.records)
+                records = site.get_records()
+                if records is not last_records:  # sites of one variable/call share their records
+                    sig = signature(records)
+                    last_records = records
                 if template.is_value_family(site.family):
                     fkey = (relation, site.family)
                     trig = self.triggers.get(fkey)

@@ -44,6 +44,29 @@ def _hashable(value: Any) -> bool:
     return isinstance(value, (str, int, float, bool)) and not (isinstance(value, float) and value != value)
 
 
+class SignatureCache:
+    """Memoises `signature` by record content: sites repeat a handful of record shapes
+    millions of times (same stage, module type, flags), so inference computes each
+    signature once.  Bounded: cleared when it grows past ``limit`` entries."""
+
+    def __init__(self, limit: int = 200_000) -> None:
+        self.limit = limit
+        self._cache: dict[tuple, Signature] = {}
+
+    def __call__(self, records: Sequence[Record]) -> Signature:
+        try:
+            # records built by one builder share key order, so unsorted items are a valid key
+            key = tuple(tuple(record.items()) for record in records)
+            cached = self._cache.get(key)
+        except TypeError:  # an unhashable value: compute directly
+            return signature(records)
+        if cached is None:
+            if len(self._cache) >= self.limit:
+                self._cache.clear()
+            cached = self._cache[key] = signature(records)
+        return cached
+
+
 def signature(records: Sequence[Record]) -> Signature:
     """Every atomic clause the example's records satisfy."""
     clauses: set[Clause] = set()

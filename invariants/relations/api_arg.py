@@ -54,11 +54,12 @@ class APIArg(Template):
                 family = ("ranks", api, name)
                 if families is not None and family not in families:
                     continue
-                values = {r: freeze(c["args"][name]) for r, c in calls.items()}
-                holds = len(set(values.values())) == 1
+                first = calls[holders[0]]["args"][name]
+                holds = all(c["args"][name] == first for c in calls.values())
                 odd = holders
                 evidence: dict[str, Any] = {}
                 if not holds:
+                    values = {r: freeze(c["args"][name]) for r, c in calls.items()}
                     counts: dict[Any, int] = {}
                     for v in values.values():
                         counts[v] = counts.get(v, 0) + 1
@@ -69,7 +70,7 @@ class APIArg(Template):
                 yield Site(
                     family=family,
                     observed=holds,
-                    records=[view.call_record(c, r) for r, c in calls.items()],
+                    records=lambda calls=calls: [view.call_record(c, r) for r, c in calls.items()],
                     ranks=odd,
                     stage=calls[holders[0]].get("stage", ""),
                     evidence=evidence,
@@ -99,7 +100,7 @@ class APIArg(Template):
                 yield Site(
                     family=family,
                     observed=holds,
-                    records=[view.call_record(calls[0], rank)],
+                    records=lambda calls=calls, rank=rank: [view.call_record(calls[0], rank)],
                     ranks=[rank],
                     stage=calls[0].get("stage", ""),
                     evidence=evidence,

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Iterator, Mapping
 
 from ..window import FactPlan
-from .base import Site, Template, WindowView, freeze, is_scalar, thaw
+from .base import Site, Template, WindowView, freeze, is_scalar, lazy, thaw
 
 CONSTANT_PROPS = ("dtype",)
 INPUT_PROPS = ("shape", "dtype")
@@ -52,15 +52,14 @@ class APIOutput(Template):
                 if wanted is not None and api not in wanted:
                     continue
                 ret = call["ret"]
-                record = None
+                record = lazy(lambda call=call, rank=rank: [view.call_record(call, rank)])
                 if isinstance(ret, dict):
                     for prop in CONSTANT_PROPS:
                         value = ret.get(prop)
                         family = ("constant", api, prop)
                         if value is None or not is_scalar(value) or (families is not None and family not in families):
                             continue
-                        record = record or view.call_record(call, rank)
-                        yield Site(family, frozenset([value]), [record], [rank], call.get("stage", ""),
+                        yield Site(family, frozenset([value]), record, [rank], call.get("stage", ""),
                                    {"call": call["key"], "observed": value})
                 args = call.get("args") or {}
                 if isinstance(ret, dict):
@@ -72,8 +71,7 @@ class APIOutput(Template):
                             if prop not in arg or prop not in ret or (families is not None and family not in families):
                                 continue
                             holds = freeze(arg[prop]) == freeze(ret[prop])
-                            record = record or view.call_record(call, rank)
-                            yield Site(family, holds, [record], [rank], call.get("stage", ""),
+                            yield Site(family, holds, record, [rank], call.get("stage", ""),
                                        {} if holds else {"call": call["key"], "input": arg[prop], "output": ret[prop]})
                 outputs = _numeric_outputs(ret)
                 if outputs:
@@ -87,8 +85,7 @@ class APIOutput(Template):
                             if families is not None and family not in families:
                                 continue
                             holds = out_value <= limit
-                            record = record or view.call_record(call, rank)
-                            yield Site(family, holds, [record], [rank], call.get("stage", ""),
+                            yield Site(family, holds, record, [rank], call.get("stage", ""),
                                        {} if holds else {"call": call["key"], "limit": limit, out_name: out_value})
 
     def params(self, family: tuple, value: Any) -> dict[str, Any]:

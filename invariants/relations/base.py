@@ -20,7 +20,7 @@ Two kinds of site:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 from ..window import FactPlan, WindowState, ancestors, sorted_calls
 
@@ -31,12 +31,31 @@ Record = dict[str, Any]
 class Site:
     family: tuple
     observed: Any  # bool for boolean sites, frozenset for value sites
-    records: list[Record]
+    #: the example's records, or a zero-argument function building them: checking
+    #: only needs them where a rule failed, so most sites never build any
+    records: Any
     ranks: list[int]
     stage: str
     evidence: dict[str, Any] = field(default_factory=dict)
     #: template-private detail for `Template.applicable` (e.g. which variables exist)
     context: Any = None
+
+    def get_records(self) -> list[Record]:
+        if callable(self.records):
+            self.records = self.records()
+        return self.records
+
+
+def lazy(build: Callable[[], list[Record]]) -> Callable[[], list[Record]]:
+    """Build records at most once, however many sites share them."""
+    done: list[list[Record]] = []
+
+    def get() -> list[Record]:
+        if not done:
+            done.append(build())
+        return done[0]
+
+    return get
 
 
 def freeze(value: Any) -> Any:

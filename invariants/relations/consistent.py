@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any, Iterator, Mapping
 
 from ..window import FactPlan
-from .base import Site, Template, WindowView, freeze
+from .base import Site, Template, WindowView, freeze, lazy
 
 RANK_ATTRS = ("data_digest", "grad_digest", "shape", "dtype")
 TIED_ATTRS = ("data_digest",)
@@ -73,13 +73,17 @@ class Consistent(Template):
             holders = [r for r in present if name in snapshots[r]]
             if len(holders) < 2:
                 continue
+            records = lazy(lambda name=name, holders=holders: [view.state_record(snapshots[r][name], r) for r in holders])
             for attr in wanted:
                 values = {r: snapshots[r][name].get(attr) for r in holders}
-                if all(v is None for v in values.values()):
-                    continue
-                frozen = {r: freeze(v) for r, v in values.items()}
-                distinct = set(frozen.values())
-                holds = len(distinct) == 1
+                first = values[holders[0]]
+                if all(v == first for v in values.values()):
+                    if first is None:
+                        continue
+                    holds = True
+                else:
+                    frozen = {r: freeze(v) for r, v in values.items()}
+                    holds = len(set(frozen.values())) == 1
                 if holds:
                     evidence: dict[str, Any] = {}
                     odd = holders
@@ -93,7 +97,7 @@ class Consistent(Template):
                 yield Site(
                     family=("ranks", at, attr),
                     observed=holds,
-                    records=[view.state_record(snapshots[r][name], r) for r in holders],
+                    records=records,
                     ranks=odd,
                     stage=snapshots[holders[0]][name].get("stage", ""),
                     evidence=evidence,

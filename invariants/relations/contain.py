@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Iterator, Mapping
 
 from ..window import FactPlan
-from .base import Site, Template, WindowView, freeze, is_scalar, thaw
+from .base import Site, Template, WindowView, freeze, is_scalar, lazy, thaw
 
 STATE_EFFECTS = (("data_digest", "changes"), ("data_digest", "preserves"), ("grad_digest", "cleared"))
 MAX_CHILD_ARGS = 6
@@ -59,7 +59,7 @@ class EventContain(Template):
                         post_attrs = after.get(name)
                         if post_attrs is None:
                             continue
-                        record = None
+                        record = lazy(lambda pre_attrs=pre_attrs: [view.state_record(pre_attrs, rank)])
                         for attr, effect in wanted:
                             if effect == "cleared":
                                 if "grad_digest" not in post_attrs:
@@ -70,12 +70,10 @@ class EventContain(Template):
                                     continue
                                 same = pre_attrs[attr] == post_attrs[attr]
                                 holds = (not same) if effect == "changes" else same
-                            if record is None:
-                                record = view.state_record(pre_attrs, rank)
                             yield Site(
                                 family=("state", api, attr, effect),
                                 observed=holds,
-                                records=[record],
+                                records=record,
                                 ranks=[rank],
                                 stage=pre_attrs.get("stage", ""),
                                 evidence={} if holds else {
@@ -111,7 +109,7 @@ class EventContain(Template):
                 yield Site(
                     family=family,
                     observed=frozenset(observed),
-                    records=[view.call_record(call, rank)],
+                    records=lambda call=call, rank=rank: [view.call_record(call, rank)],
                     ranks=[rank],
                     stage=call.get("stage", ""),
                     evidence={"call": call["key"], "module": call.get("module"),

@@ -1,0 +1,131 @@
+"""Inference time vs. trace size, and check throughput, on synthetic DP-shaped traces.
+
+Traces come from `invariants.synthetic.SyntheticRun` (2 ranks; per rank and step a
+zero_grad and an optimizer step with parameter snapshots before/after, a forward with
+module children, a backward with all-reduces, step-end snapshots, periodic eval
+passes and DataLoader worker starts), written as real ``*.twtrace`` files and read
+back through `trainwatch.tracedir` — the path ``trainwatch infer/check`` take.
+
+Times are CPU seconds of this process (``time.process_time``): the benchmark machine
+is shared, and CPU time is what "per core" means.  Decoding (msgpack + schema
+validation) is timed on its own in the same run so the engine's own cost can be
+separated from it::
+
+    python benchmarks/infer_check_bench.py                 # 10k, 100k, 1M events
+    python benchmarks/infer_check_bench.py --sizes 10000   # quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from invariants.codec import TRACE_MAGIC, encode_batch, encode_frame  # noqa: E402
+from invariants.engine import Engine, StepWindows  # noqa: E402
+from invariants.inference import Inferencer  # noqa: E402
+from invariants.invariant_file import load_default_set  # noqa: E402
+from invariants.invariant_set import InvariantSet  # noqa: E402
+from invariants.synthetic import SyntheticRun  # noqa: E402
+from trainwatch.tracedir import read_trace_dir  # noqa: E402
+
+WORLD = 2
+
+
+def events_per_step() -> int:
+    batches = list(SyntheticRun(world=WORLD, steps=6).batches())
+    return sum(len(b["events"]) for b in batches) // 6
+
+
+def write_trace(directory: Path, events: int, seed: int) -> int:
+    steps = max(2, events // events_per_step())
+    directory.mkdir(parents=True, exist_ok=True)
+    files = {r: (directory / f"rank{r}.twtrace").open("wb") for r in range(WORLD)}
+    total = 0
+    try:
+        for stream in files.values():
+            stream.write(TRACE_MAGIC)
+        for batch in SyntheticRun(run=f"bench-{seed}", world=WORLD, steps=steps, seed=seed).batches():
+            files[batch["rank"]].write(encode_frame(encode_batch(batch)))
+            total += len(batch["events"])
+    finally:
+        for stream in files.values():
+            stream.close()
+    return total
+
+
+def cpu(fn) -> tuple[float, object]:
+    start = time.process_time()
+    result = fn()
+    return time.process_time() - start, result
+
+
+def decode_only(trace: Path) -> int:
+    return sum(len(b["events"]) for b in read_trace_dir(trace))
+
+
+def infer_trace(trace: Path) -> list:
+    inferencer = Inferencer()
+    inferencer.add_trace(read_trace_dir(trace))
+    return inferencer.finish()
+
+
+def check_trace(trace: Path, invariant_set: InvariantSet) -> int:
+    windows = StepWindows(Engine(invariant_set))
+    found = 0
+    for batch in read_trace_dir(trace):
+        found += len(windows.feed(batch))
+    return found + len(windows.finish())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    parser.add_argument("--check-size", type=int, default=100_000)
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+
+    results: dict[str, object] = {"inference": [], "check": []}
+    with tempfile.TemporaryDirectory(prefix="tw-bench-") as tmp:
+        root = Path(tmp)
+        for size in args.sizes:
+            trace = root / f"infer-{size}"
+            events = write_trace(trace, size, seed=1)
+            decode_s, _ = cpu(lambda: decode_only(trace))
+            total_s, invariants = cpu(lambda: infer_trace(trace))
+            row = {"events": events, "decode_cpu_s": round(decode_s, 2), "infer_total_cpu_s": round(total_s, 2),
+                   "infer_only_cpu_s": round(total_s - decode_s, 2), "invariants": len(invariants),
+                   "events_per_s_total": round(events / total_s)}
+            results["inference"].append(row)
+            print(f"infer  {events:>9} events: total {total_s:7.2f} s CPU (decode {decode_s:6.2f} s, inference "
+                  f"{total_s - decode_s:6.2f} s), {len(invariants)} invariants", flush=True)
+
+        reference = root / "reference"
+        write_trace(reference, 20_000, seed=2)
+        inferred = InvariantSet(infer_trace(reference))
+        trace = root / "check"
+        events = write_trace(trace, args.check_size, seed=3)
+        decode_s, _ = cpu(lambda: decode_only(trace))
+        for name, invariant_set in (("default", load_default_set()), ("inferred", inferred)):
+            total_s, found = cpu(lambda: check_trace(trace, invariant_set))
+            engine_s = max(total_s - decode_s, 1e-9)
+            row = {"set": name, "invariants": len(invariant_set), "events": events, "violations": found,
+                   "total_cpu_s": round(total_s, 2), "decode_cpu_s": round(decode_s, 2),
+                   "engine_events_per_s": round(events / engine_s), "total_events_per_s": round(events / total_s)}
+            results["check"].append(row)
+            print(f"check  {events:>9} events, {name:8} set ({len(invariant_set):3} invariants): engine "
+                  f"{events / engine_s:10,.0f} events/s, with decode {events / total_s:9,.0f} events/s, "
+                  f"{found} violations", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
