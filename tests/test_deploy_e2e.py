@@ -7,7 +7,8 @@ image), a 2-rank DDP job with a silently diverging replica under `trainwatch col
 webhook receiver in this process.  Prometheus and Alertmanager run the shipped
 configuration, with only what cannot apply here changed: Docker DNS discovery becomes
 a static loopback target, the webhook URL points at the receiver, intervals are short,
-and every alert's `for:` is 1s (expressions are used verbatim).
+and every alert's `for:` is 1s (expressions are used verbatim).  The checker and
+Prometheus get the command line flags and environment of their compose services.
 
 Besides the training run, a few hand-made batches on the events topic (wire contract
 of `invariants.events`) create what a healthy run does not: a malformed message, a
@@ -193,16 +194,24 @@ def interpolate_defaults(value: str) -> str:
     return re.sub(r"\$\{[A-Z0-9_]+(?::?-([^}]*))?\}", lambda m: m.group(1) or "", value)
 
 
-def compose_checker_settings(overrides: dict[str, str]) -> tuple[list[str], dict[str, str]]:
-    """The checker container's command and environment from docker-compose.yml, with
-    what must differ on loopback overridden; every other variable is passed as
-    shipped (e.g. an empty TRAINWATCH_INVARIANTS = the shipped invariant set)."""
-    service = yaml.safe_load(COMPOSE.read_text())["services"]["checker"]
+def compose_settings(service_name: str, overrides: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """A compose service's command and environment from docker-compose.yml, with what
+    must differ on loopback overridden; every other variable is passed as shipped
+    (e.g. the checker's empty TRAINWATCH_INVARIANTS = the shipped invariant set)."""
+    service = yaml.safe_load(COMPOSE.read_text())["services"][service_name]
     environment = {name: interpolate_defaults(str(value)) for name, value in service["environment"].items()}
     missing = set(overrides) - set(environment)
-    assert not missing, f"the compose checker does not set {missing}"
+    assert not missing, f"the compose service {service_name} does not set {missing}"
     environment.update(overrides)
-    return list(service["command"]), environment
+    return [interpolate_defaults(str(arg)) for arg in service["command"]], environment
+
+
+def prometheus_settings() -> tuple[list[str], dict[str, str]]:
+    """The feature flags and environment of the compose Prometheus: the links in alert
+    annotations come from external labels expanded from these variables."""
+    command, environment = compose_settings(
+        "prometheus", {"TRAINWATCH_GRAFANA_URL": GRAFANA_URL, "TRAINWATCH_RUNBOOK_URL": RUNBOOK_URL})
+    return [arg for arg in command if arg.startswith("--enable-feature=")], environment
 
 
 def rules_with_short_for(target_dir: Path) -> list[Path]:
@@ -225,10 +234,8 @@ def rules_with_short_for(target_dir: Path) -> list[Path]:
 def prometheus_config(rules_dir: Path, checker_port: int, alertmanager_port: int, prometheus_port: int) -> dict:
     config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
     config["global"].update(scrape_interval="1s", evaluation_interval="1s")
-    config["global"]["external_labels"] = {
-        "trainwatch_grafana_url": GRAFANA_URL,
-        "trainwatch_runbook_url": RUNBOOK_URL,
-    }
+    # external_labels stay as shipped: ${...} placeholders that Prometheus expands from
+    # its environment (see prometheus_settings).
     config["rule_files"] = [str(rules_dir / "*.yml")]
     config["alerting"]["alertmanagers"] = [{"static_configs": [{"targets": [f"127.0.0.1:{alertmanager_port}"]}]}]
     targets = {
@@ -345,7 +352,7 @@ def stack(tmp_path_factory) -> Stack:
     processes: list[ManagedProcess] = []
     try:
         checker_port, prometheus_port, alertmanager_port = free_port(), free_port(), free_port()
-        command, checker_env = compose_checker_settings({
+        command, checker_env = compose_settings("checker", {
             "TRAINWATCH_BOOTSTRAP": broker.bootstrap,
             "TRAINWATCH_METRICS_HOST": "127.0.0.1",
             "TRAINWATCH_METRICS_PORT": str(checker_port),
@@ -374,10 +381,11 @@ def stack(tmp_path_factory) -> Stack:
         prom_config = tmp / "prometheus.yml"
         prom_config.write_text(yaml.safe_dump(
             prometheus_config(tmp / "rules", checker_port, alertmanager_port, prometheus_port)))
+        feature_flags, prometheus_env = prometheus_settings()
         processes.append(ManagedProcess("prometheus", [
             prometheus, f"--config.file={prom_config}", f"--storage.tsdb.path={tmp / 'prom-data'}",
-            f"--web.listen-address=127.0.0.1:{prometheus_port}",
-        ], tmp / "prometheus.log").start())
+            f"--web.listen-address=127.0.0.1:{prometheus_port}", *feature_flags,
+        ], tmp / "prometheus.log", env={**env, **prometheus_env}).start())
 
         stack = Stack(
             prometheus_url=f"http://127.0.0.1:{prometheus_port}",
@@ -441,7 +449,7 @@ def test_violation_alert_fires_and_alertmanager_delivers_it_to_the_webhook(stack
 
     received = wait_until(delivered, 30, "the violation notification at the webhook", stack.diagnose)
     alert = received[0]
-    assert alert["labels"]["trainwatch_grafana_url"] == GRAFANA_URL  # external labels ride along
+    assert alert["labels"]["trainwatch_grafana_url"] == GRAFANA_URL  # expanded external labels ride along
     assert alert["annotations"]["dashboard"] == f"{GRAFANA_URL}/d/trainwatch-run/trainwatch-run?var-run={TRAINING_RUN}"
     assert alert["annotations"]["runbook_url"] == f"{RUNBOOK_URL}/invariant-violated.md"
     assert TRAINING_RUN in alert["annotations"]["summary"]

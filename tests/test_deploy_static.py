@@ -64,9 +64,19 @@ def compose_config(env_file: Path, tmp_path: Path, *overrides: Path) -> dict:
     files = [arg for path in (COMPOSE, *overrides) for arg in ("-f", str(path))]
     check = run_tool(binary, *files, "--env-file", str(env_file), "config", "-q", env=env)
     assert_ok(check)
+    assert check.stdout == "", "config -q printed something"
     proc = run_tool(binary, *files, "--env-file", str(env_file), "config", env=env)
     assert_ok(proc)
     return yaml.safe_load(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def default_services(tmp_path_factory) -> dict:
+    """The compose services with no .env at all: every variable at its default."""
+    tmp = tmp_path_factory.mktemp("compose-defaults")
+    empty = tmp / "empty.env"
+    empty.write_text("")
+    return compose_config(empty, tmp)["services"]
 
 
 def published_ports(service: dict) -> list[tuple[str, str, str]]:
@@ -87,16 +97,8 @@ def published_ports(service: dict) -> list[tuple[str, str, str]]:
     return result
 
 
-@pytest.fixture
-def empty_env_file(tmp_path: Path) -> Path:
-    path = tmp_path / "empty.env"
-    path.write_text("")
-    return path
-
-
-def test_compose_validates_without_env_file_and_binds_only_grafana_and_kafka_publicly(empty_env_file, tmp_path):
-    config = compose_config(empty_env_file, tmp_path)
-    services = config["services"]
+def test_compose_validates_without_env_file_and_binds_only_grafana_and_kafka_publicly(default_services):
+    services = default_services
     assert {"kafka", "kafka-init", "checker", "prometheus", "alertmanager", "grafana"} <= set(services)
     for name, service in services.items():
         for host_ip, host_port, _target in published_ports(service):
@@ -110,8 +112,8 @@ def test_compose_validates_without_env_file_and_binds_only_grafana_and_kafka_pub
     assert "EXTERNAL://localhost:9092" in services["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
 
 
-def test_compose_checker_scales_and_waits_for_topics(empty_env_file, tmp_path):
-    checker = compose_config(empty_env_file, tmp_path)["services"]["checker"]
+def test_compose_checker_scales_and_waits_for_topics(default_services):
+    checker = default_services["checker"]
     # `docker compose up --scale checker=N` fails with a fixed name or host port.
     assert "container_name" not in checker
     assert not checker.get("ports")
@@ -124,8 +126,8 @@ def test_compose_checker_scales_and_waits_for_topics(empty_env_file, tmp_path):
     assert str(env["TRAINWATCH_METRICS_PORT"]) == "9464"
 
 
-def test_compose_every_long_running_service_has_healthcheck_restart_and_limits(empty_env_file, tmp_path):
-    services = compose_config(empty_env_file, tmp_path)["services"]
+def test_compose_every_long_running_service_has_healthcheck_restart_and_limits(default_services):
+    services = default_services
     for name, service in services.items():
         if name == "kafka-init":
             assert service.get("restart") in ("no", None)
@@ -183,13 +185,31 @@ def test_sasl_ssl_override_secures_only_the_external_listener(tmp_path):
     assert "/var/lib/kafka/data" in mounts
 
 
-def test_compose_mounts_exist_in_the_repository(empty_env_file, tmp_path):
-    services = compose_config(empty_env_file, tmp_path)["services"]
-    for name, service in services.items():
+def test_compose_mounts_exist_in_the_repository(default_services):
+    for name, service in default_services.items():
         for volume in map(str, service.get("volumes", [])):
             source = volume.split(":")[0]
             if source.startswith("/"):
                 assert Path(source).exists(), f"{name} mounts missing {source}"
+
+
+# --------------------------------------------------------------------- checker image
+
+
+def test_checker_image_gets_every_package_and_no_torch():
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    # the image installs only the hard dependencies: torch must stay optional
+    assert not [d for d in project["project"]["dependencies"] if re.match(r"torch\b", d)]
+    packages = [p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]["include"]]
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    allowed = (ROOT / ".dockerignore").read_text().splitlines()
+    for package in packages:
+        assert f"COPY {package} ./{package}" in dockerfile, f"Dockerfile does not copy {package}/"
+        assert f"!{package}/" in allowed, f".dockerignore excludes {package}/"
+    assert 'ENTRYPOINT ["trainwatch"]' in dockerfile and 'CMD ["serve"]' in dockerfile
+    assert "\nUSER trainwatch\n" in dockerfile  # not root
 
 
 # --------------------------------------------------------------------- kafka-init
@@ -373,13 +393,13 @@ def panels_of(dashboard: dict) -> list[dict]:
     return panels
 
 
-def test_grafana_provisioning_points_at_the_mounted_dashboards_and_fixed_datasource(empty_env_file, tmp_path):
+def test_grafana_provisioning_points_at_the_mounted_dashboards_and_fixed_datasource(default_services):
     datasources = yaml.safe_load((DEPLOY / "grafana/provisioning/datasources/prometheus.yaml").read_text())
     (datasource,) = datasources["datasources"]
     assert datasource["uid"] == DATASOURCE_UID and datasource["type"] == "prometheus"
     providers = yaml.safe_load((DEPLOY / "grafana/provisioning/dashboards/trainwatch.yaml").read_text())
     path = providers["providers"][0]["options"]["path"]
-    grafana = compose_config(empty_env_file, tmp_path)["services"]["grafana"]
+    grafana = default_services["grafana"]
     mounts = {v.split(":")[1]: v.split(":")[0] for v in map(str, grafana["volumes"])}
     assert Path(mounts[path]) == DEPLOY / "grafana" / "dashboards"
     assert Path(mounts["/etc/grafana/provisioning"]) == DEPLOY / "grafana" / "provisioning"
