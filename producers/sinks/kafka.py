@@ -169,6 +169,9 @@ class KafkaSink:
             if item is _STOP:
                 break
             key, payload, events = item
+            with self._lock:  # from here on the batch is ours to deliver or write off
+                self._in_flight += 1
+                self._in_flight_events += events
             if producer is None and time.monotonic() >= next_attempt:
                 try:
                     producer = self._connect()
@@ -179,16 +182,13 @@ class KafkaSink:
                     next_attempt = time.monotonic() + backoff
                     backoff = min(backoff * 2, self._backoff_max)
             if producer is None:
-                self._count_drop(events)
+                self._settle(events, delivered=False)
                 continue
             self._send(producer, key, payload, events)
         if producer is not None:
             self._shutdown(producer)
 
     def _send(self, producer: Any, key: bytes, payload: bytes, events: int) -> None:
-        with self._lock:
-            self._in_flight += 1
-            self._in_flight_events += events
         try:
             future = producer.send(self.topic, key=key, value=payload)
         except Exception as exc:  # buffer full / metadata timeout while the broker is down
