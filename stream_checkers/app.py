@@ -87,6 +87,9 @@ def build_faust_app(config: CheckerConfig) -> faust.App:
         worker_redirect_stdouts=False,
         consumer_max_fetch_size=max(config.max_batch_bytes + 1024, 1024 * 1024),
         producer_max_request_size=max(config.max_batch_bytes + 1024, 1024 * 1024),
+        # One record per produce batch: brokers such as tansu otherwise hand back only
+        # part of a multi-record batch when a changelog is replayed (DESIGN §7).
+        producer_max_batch_size=1 if config.single_record_batches else 16384,
     )
 
 
@@ -181,6 +184,10 @@ class StreamChecker:
         record, window = self._load(key, raw)
         now = self.clock()
         if record is None:
+            _, run_state = self._run_state(run, message.partition)
+            if self.engine.is_closed(run_state, step):
+                self.metrics.late_batch(run)  # its closed marker was already evicted
+                return
             window = self.engine.open(run, step)
             record = WindowRecord(run, step, message.partition, now, now,
                                   summary=StepSummaryBuilder(run, step).to_dict())
@@ -269,6 +276,7 @@ class StreamChecker:
         run_key, run_state = self._run_state(record.run, record.partition)
         violations = self.engine.evaluate(window, run_state)
         elapsed = time.perf_counter() - started
+        self.engine.compact_run_state(run_state)
         self.run_states[run_key] = self.engine.dump_run_state(run_state)
         fresh = [v for v in violations if v.get("id") not in record.emitted]
         for violation in fresh:
@@ -291,11 +299,12 @@ class StreamChecker:
         for violation in fresh:
             self._report(violation)
 
-    def _report(self, violation: dict[str, Any]) -> None:
-        self.metrics.violation(
-            str(violation.get("run")), str(violation.get("relation")), str(violation.get("invariant")),
-            int(violation.get("step") or 0),
-        )
+    def _report(self, violation: dict[str, Any], *, invariant: bool = True) -> None:
+        if invariant:  # trend alerts have their own counter, trainwatch_trend_alerts_total
+            self.metrics.violation(
+                str(violation.get("run")), str(violation.get("relation")), str(violation.get("invariant")),
+                int(violation.get("step") or 0),
+            )
         print(violation_line(violation), file=self.out, flush=True)
 
     async def _dead_letter(self, message: Any, reason: str, error: str) -> None:
@@ -346,7 +355,7 @@ class StreamChecker:
                 await self.app.producer.flush()
             for alert in alerts:
                 self.metrics.trend_alert(alert.run, alert.rule)
-                self._report(alert.to_violation_dict())
+                self._report(alert.to_violation_dict(), invariant=False)
 
     def _run_liveness(self, run: str, live: set[int], lifecycle: Any) -> set[int]:
         """Ranks between run_start and run_end; the run is live while any rank is.

@@ -27,14 +27,21 @@ class EnginePort:
     def load(cls, invariants_path: str | None) -> "EnginePort":
         """Load the invariant set (the shipped default without a path) and build an engine."""
         from invariants import engine as engine_module
-        from invariants.invariant_set import InvariantSet
+        from invariants.invariant_file import load_default_set, load_set
 
-        invariant_set = InvariantSet()
+        try:
+            if invariants_path:
+                with open(invariants_path, "rb") as handle:
+                    invariant_set = load_set(handle.read(), invariants_path)
+            else:
+                invariant_set = load_default_set()
+        except (OSError, ValueError) as exc:
+            raise InvariantsUnavailable(str(exc)) from exc
         return cls(engine_module.Engine(invariant_set), engine_module.WindowState, engine_module.RunState)
 
     @property
     def invariant_count(self) -> int:
-        return len(getattr(self.engine, "invariants", ()) or ())
+        return len(self.engine.invariant_set)
 
     def open(self, run: str, step: int) -> Any:
         return self.engine.new_window(run, step)
@@ -56,6 +63,24 @@ class EnginePort:
 
     def new_run_state(self, run: str) -> Any:
         return self.run_state_type(run)
+
+    def compact_run_state(self, state: Any, keep: int = 256) -> None:
+        """Bound a partition-local run state.
+
+        A partition sees an irregular subset of a run's steps (keys are hashed), so the
+        engine's "closed steps above the watermark" set would only grow.  Steps below
+        the oldest kept one either closed here or belong to other partitions and never
+        arrive here, so raising the watermark to it keeps `is_closed` exact for every
+        step this partition will see that has no window record.
+        """
+        above = getattr(state, "closed_above", None)
+        if isinstance(above, set) and len(above) > keep:
+            kept = sorted(above)[-keep:]
+            state.closed_above = set(kept)
+            state.closed_below = max(state.closed_below, kept[0])
+
+    def is_closed(self, run_state: Any, step: int) -> bool:
+        return bool(run_state.is_closed(step))
 
     def dump_run_state(self, state: Any) -> bytes:
         return state.to_bytes()

@@ -1,0 +1,208 @@
+"""The streaming checker against a real broker and real `trainwatch serve` workers.
+
+Runs are synthetic batches produced straight to Kafka (fast and deterministic); the
+expected violations come from the offline engine (`StepWindows`) over the same
+batches, so "equal to an uninterrupted run" is checked against one code path.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+
+import msgpack
+import pytest
+
+from invariants.codec import encode_batch
+from invariants.engine import Engine, StepWindows
+from invariants.events import make_batch
+from invariants.invariant_file import load_default_set
+from stream_checkers.testing import (
+    CheckerProcess,
+    iter_violations,
+    metric,
+    produce,
+    produce_raw,
+    read_topic,
+    synthetic_step_batch,
+    wait_until,
+)
+
+EVENTS = "trainwatch.events"
+VIOLATIONS = "trainwatch.violations"
+DEAD_LETTER = "trainwatch.dead-letter"
+FAST = ["--grace-seconds", "1", "--partitions", "4"]
+
+
+def _run_batches(run: str, steps: range, *, diverge_from: int | None = None, missing_rank1: set[int] = frozenset(),
+                 nan_loss_at: int | None = None) -> list[dict]:
+    batches = []
+    for step in steps:
+        for rank in (0, 1):
+            if rank == 1 and step in missing_rank1:
+                continue
+            bad = diverge_from is not None and rank == 1 and step >= diverge_from
+            loss = math.nan if step == nan_loss_at else None
+            batches.append(synthetic_step_batch(run, rank, 2, step, digest="x3:bad" if bad else None, loss=loss))
+    return batches
+
+
+def _expected_ids(batches: list[dict]) -> set[str]:
+    windows = StepWindows(Engine(load_default_set()))
+    found = []
+    for batch in batches:
+        found += windows.feed(batch)
+    found += windows.finish()
+    return {v.id for v in found}
+
+
+def _invariant_violations(bootstrap: str) -> list[dict]:
+    return [v for v in iter_violations(read_topic(bootstrap, VIOLATIONS)) if not v["relation"].startswith("Trend:")]
+
+
+@pytest.fixture
+def checker(kafka_broker, tmp_path):
+    started: list[CheckerProcess] = []
+
+    def start(name: str = "w1", extra: list[str] | None = None) -> CheckerProcess:
+        proc = CheckerProcess(kafka_broker.bootstrap, tmp_path / f"{name}.log",
+                              [*FAST, "--data-dir", str(tmp_path / name), *(extra or [])])
+        started.append(proc.start())
+        return proc
+
+    yield start
+    for proc in started:
+        proc.stop()
+
+
+def test_divergence_missing_rank_and_nan_loss_reported_once_with_metrics(kafka_broker, checker):
+    worker = checker()
+    batches = _run_batches("run-a", range(8), diverge_from=3, missing_rank1={6}, nan_loss_at=2)
+    expected = _expected_ids(batches)
+    assert len(expected) >= 5  # steps 3..7 diverge (6 is also missing rank 1)
+    produce(kafka_broker.bootstrap, EVENTS, batches)
+
+    wait_until(lambda: {v["id"] for v in _invariant_violations(kafka_broker.bootstrap)} >= expected, 60,
+               what="every expected violation on the violations topic")
+    records = _invariant_violations(kafka_broker.bootstrap)
+    ids = [v["id"] for v in records]
+    assert sorted(ids) == sorted(expected)  # nothing extra, nothing twice
+    first = min(records, key=lambda v: v["step"])
+    assert first["step"] == 3 and first["relation"] == "Consistent" and first["run"] == "run-a"
+
+    samples = wait_until(lambda: (m := worker.metrics()) and metric(m, "trainwatch_steps_checked_total", run="run-a") >= 8 and m,
+                         30, what="all 8 steps checked in /metrics")
+    assert metric(samples, "trainwatch_first_violation_step", run="run-a") == 3
+    # steps 3, 4, 5 and 7 diverge; at step 6 rank 1 is missing, which is its own violation
+    assert metric(samples, "trainwatch_violations_total", run="run-a", relation="Consistent") == 4
+    assert metric(samples, "trainwatch_violations_total", run="run-a", relation="AllRanksReport") == 1
+    assert metric(samples, "trainwatch_missing_rank_windows_total", run="run-a") == 1
+    assert metric(samples, "trainwatch_batches_consumed_total", run="run-a") == len(batches)
+    assert metric(samples, "trainwatch_events_consumed_total", run="run-a") == sum(len(b["events"]) for b in batches)
+    assert metric(samples, "trainwatch_last_checked_step", run="run-a") == 7
+    assert metric(samples, "trainwatch_window_evaluation_seconds_count") == 8
+    assert metric(samples, "trainwatch_build_info") == 1
+
+    trend = wait_until(lambda: [v for v in iter_violations(read_topic(kafka_broker.bootstrap, VIOLATIONS))
+                                if v["relation"] == "Trend:nonfinite_loss"], 20, what="the NaN-loss trend alert")
+    assert [(v["run"], v["step"]) for v in trend] == [("run-a", 2)]
+    assert metric(worker.metrics(), "trainwatch_trend_alerts_total", run="run-a", rule="nonfinite_loss") == 1
+    log = worker.log_text()
+    assert "VIOLATION run=run-a step=3 ranks=0,1 [Consistent]" in log
+    assert "[Trend:nonfinite_loss]" in log
+
+
+def test_hostile_input_is_dead_lettered_and_counted_while_the_worker_keeps_checking(kafka_broker, checker):
+    worker = checker(extra=["--max-batch-bytes", "65536"])
+    good = synthetic_step_batch("run-h", 0, 1, 0)
+    unknown_version = dict(good, v=99)
+    wrong_type = dict(good, step="seven")
+    missing_field = {k: v for k, v in good.items() if k != "world"}
+    bad_event = make_batch(run="run-h", rank=0, world=1, step=1, seq=1, events=[{"kind": "telepathy", "t": 1, "pid": 1, "tid": 1, "stage": "train"}])
+    huge = make_batch(run="run-h", rank=0, world=1, step=2, seq=2,
+                      events=[{"kind": "meta", "t": 1, "pid": 1, "tid": 1, "stage": "train", "what": "x" * 200_000}])
+    produce_raw(kafka_broker.bootstrap, EVENTS, [
+        (b"run-h:0", b"\xc1\xff not msgpack at all"),
+        (b"run-h:0", msgpack.packb([1, 2, 3])),
+        (b"run-h:0", msgpack.packb(unknown_version)),
+        (b"run-h:0", msgpack.packb(wrong_type)),
+        (b"run-h:0", msgpack.packb(missing_field)),
+        (b"run-h:1", msgpack.packb(bad_event)),
+        (b"run-h:2", encode_batch(huge)),
+        (None, b""),
+    ])
+    # a healthy single-rank run afterwards is still checked
+    produce(kafka_broker.bootstrap, EVENTS, [synthetic_step_batch("run-ok", 0, 1, s) for s in range(3)])
+
+    dead = wait_until(lambda: (r := read_topic(kafka_broker.bootstrap, DEAD_LETTER)) and len(r) >= 8 and r, 30,
+                      what="eight dead-letter records")
+    decoded = [msgpack.unpackb(r.value, raw=False) for r in dead]
+    assert len(decoded) == 8
+    reasons = collections.Counter(d["reason"] for d in decoded)
+    assert reasons == {"undecodable": 2, "wrong_type": 2, "unknown_version": 1, "missing_field": 1,
+                       "unknown_kind": 1, "oversized": 1}
+    garbage = next(d for d in decoded if d["value"].startswith(b"\xc1\xff"))
+    assert garbage["topic"] == EVENTS and garbage["key"] == b"run-h:0" and garbage["error"]
+    oversized = next(d for d in decoded if d["reason"] == "oversized")
+    assert oversized["value_size"] > 65536 and oversized["value_truncated"] is True
+
+    samples = wait_until(lambda: (m := worker.metrics()) and metric(m, "trainwatch_steps_checked_total", run="run-ok") >= 3 and m,
+                         30, what="the healthy run checked after the hostile input")
+    for reason, count in reasons.items():
+        assert metric(samples, "trainwatch_dead_letters_total", reason=reason) == count
+    assert worker.proc.poll() is None
+    assert not [v for v in _invariant_violations(kafka_broker.bootstrap) if v["run"] == "run-ok"]
+
+
+def test_run_that_never_sends_rank_1_is_reported_per_step_after_the_grace_period(kafka_broker, checker):
+    worker = checker()
+    batches = [synthetic_step_batch("run-m", 0, 2, step) for step in range(3)]
+    produce(kafka_broker.bootstrap, EVENTS, batches)
+    records = wait_until(lambda: (v := _invariant_violations(kafka_broker.bootstrap)) and len(v) >= 3 and v, 30,
+                         what="a missing-rank violation per step")
+    assert sorted((v["step"], v["relation"], tuple(v["ranks"])) for v in records) == [
+        (0, "AllRanksReport", (1,)), (1, "AllRanksReport", (1,)), (2, "AllRanksReport", (1,))]
+    samples = worker.metrics()
+    assert metric(samples, "trainwatch_missing_rank_windows_total", run="run-m") == 3
+    # a batch for an already-closed window is late: counted, not re-evaluated
+    produce(kafka_broker.bootstrap, EVENTS, [synthetic_step_batch("run-m", 1, 2, 0)])
+    wait_until(lambda: metric(worker.metrics(), "trainwatch_late_batches_total", run="run-m") == 1, 20,
+               what="the late batch counted")
+    assert len(_invariant_violations(kafka_broker.bootstrap)) == 3
+
+
+def _kill_and_recover(kafka_broker, checker, *, takeover: bool) -> None:
+    batches = _run_batches("run-k", range(30), diverge_from=10)
+    expected = _expected_ids(batches)
+    by_step = {(b["step"], b["rank"]): b for b in batches}
+    before = [by_step[(s, r)] for s in range(15) for r in (0, 1)]
+    half_open = [by_step[(s, 0)] for s in range(15, 22)]  # rank 0 only: windows open at the crash
+    after = [by_step[(s, 1)] for s in range(15, 22)] + [by_step[(s, r)] for s in range(22, 30) for r in (0, 1)]
+    slow_grace = ["--grace-seconds", "30"]  # open windows must survive the crash, not time out
+    first = checker("w1", slow_grace)
+    second = checker("w2", slow_grace) if takeover else None
+    produce(kafka_broker.bootstrap, EVENTS, before + half_open)
+    wait_until(lambda: metric(first.metrics(), "trainwatch_batches_consumed_total", run="run-k")
+               + (metric(second.metrics(), "trainwatch_batches_consumed_total", run="run-k") if second else 0)
+               >= len(before) + len(half_open), 60, what="the pre-crash batches consumed")
+    assert len(_invariant_violations(kafka_broker.bootstrap)) >= 5
+    first.kill()
+    produce(kafka_broker.bootstrap, EVENTS, after)
+    if not takeover:
+        checker("w1-restarted", slow_grace)
+    wait_until(lambda: {v["id"] for v in _invariant_violations(kafka_broker.bootstrap)} >= expected, 90,
+               what="every violation after the crash")
+    ids = [v["id"] for v in _invariant_violations(kafka_broker.bootstrap)]
+    duplicates = [i for i, n in collections.Counter(ids).items() if n > 1]
+    assert not duplicates
+    assert set(ids) == expected  # in particular no missing-rank report for the half-open windows
+    if second is not None:
+        assert second.proc.poll() is None
+
+
+def test_kill_9_and_restart_loses_and_repeats_nothing(kafka_broker, checker):
+    _kill_and_recover(kafka_broker, checker, takeover=False)
+
+
+def test_second_worker_takes_over_after_kill_9(kafka_broker, checker):
+    _kill_and_recover(kafka_broker, checker, takeover=True)
