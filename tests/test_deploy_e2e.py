@@ -533,3 +533,36 @@ def test_every_dashboard_query_is_valid_and_returns_data(stack: Stack):
         if not any(results_by_run.values()):
             empty.append(f"{uid} / {title} / {ref}: {expr}")
     assert not empty, "dashboard queries without data:\n" + "\n".join(empty)
+
+
+# Stops the checker, so it runs last in this module (pytest keeps file order).
+def test_checker_down_pages_and_alertmanager_inhibits_the_per_replica_alert(stack: Stack):
+    checker = next(p for p in stack.processes if p.name == "checker")
+    checker.stop()
+
+    def prometheus_firing(name: str) -> Callable[[], bool]:
+        def check() -> bool:
+            alerts = http_json(f"{stack.prometheus_url}/api/v1/alerts")["data"]["alerts"]
+            return any(a["labels"]["alertname"] == name and a["state"] == "firing" for a in alerts)
+        return check
+
+    wait_until(prometheus_firing("TrainwatchCheckerDown"), 30, "TrainwatchCheckerDown firing", stack.diagnose)
+    wait_until(prometheus_firing("TrainwatchNoCheckerRunning"), 30, "TrainwatchNoCheckerRunning firing",
+               stack.diagnose)
+
+    # Alertmanager holds the per-replica warning back while "no checker at all" pages.
+    def checker_down_inhibited() -> bool:
+        alerts = http_json(f"{stack.alertmanager_url}/api/v2/alerts?inhibited=true")
+        return any(a["labels"]["alertname"] == "TrainwatchCheckerDown"
+                   and a["status"]["state"] == "suppressed" and a["status"]["inhibitedBy"]
+                   for a in alerts)
+
+    wait_until(checker_down_inhibited, 30, "TrainwatchCheckerDown inhibited in Alertmanager", stack.diagnose)
+
+    def paged() -> list[dict[str, Any]]:
+        return [a for a in stack.webhook.firing_alerts() if a["labels"]["alertname"] == "TrainwatchNoCheckerRunning"]
+
+    page = wait_until(paged, 30, "the no-checker page at the webhook", stack.diagnose)[0]
+    assert page["labels"]["severity"] == "page"
+    assert page["annotations"]["runbook_url"] == f"{RUNBOOK_URL}/checker-down.md"
+    assert not [a for a in stack.webhook.firing_alerts() if a["labels"]["alertname"] == "TrainwatchCheckerDown"]
