@@ -65,7 +65,11 @@ BLOCK_TORCH = "import sys; sys.modules['torch'] = None; from trainwatch.cli impo
 
 
 def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str, diagnose: Callable[[], str] = lambda: "") -> Any:
-    """Poll until `predicate` returns something truthy; fail with `what` after the deadline."""
+    """Poll until `predicate` returns something truthy; fail with `what` after the deadline.
+
+    Other exceptions mean "not ready yet" (connection refused while a server starts);
+    an AssertionError is a verdict (a child exited, a query was rejected) and fails now.
+    """
     deadline = time.monotonic() + timeout_s
     last_error: Exception | None = None
     while time.monotonic() < deadline:
@@ -73,7 +77,9 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float, what: str, diagno
             value = predicate()
             if value:
                 return value
-        except Exception as exc:  # not up yet: connection refused, partial JSON, ...
+        except AssertionError as exc:
+            pytest.fail(f"while waiting for {what}: {exc}\n{diagnose()}")
+        except Exception as exc:
             last_error = exc
         time.sleep(0.25)
     pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what} (last error: {last_error!r})\n{diagnose()}")
@@ -333,10 +339,60 @@ def subcommand_ready(name: str) -> bool:
     return proc.returncode == 0 and "--bootstrap" in proc.stdout
 
 
+def alive(process: ManagedProcess, probe: Callable[[], Any]) -> Callable[[], Any]:
+    """A readiness probe that fails at once if the process already exited."""
+    def check() -> Any:
+        assert process.running(), f"{process.name} exited with code {process.proc.returncode}"
+        return probe()
+    return check
+
+
+def start_checker(tmp: Path, env: dict[str, str], bootstrap: str, port: int) -> ManagedProcess:
+    command, checker_env = compose_settings("checker", {
+        "TRAINWATCH_BOOTSTRAP": bootstrap,
+        "TRAINWATCH_METRICS_HOST": "127.0.0.1",
+        "TRAINWATCH_METRICS_PORT": str(port),
+        "TRAINWATCH_PARTITIONS": str(PARTITIONS),
+        "TRAINWATCH_GRACE_SECONDS": "1",
+    })
+    return ManagedProcess("checker", [sys.executable, "-c", BLOCK_TORCH, *command],
+                          tmp / "checker.log", env={**env, **checker_env}, cwd=tmp).start()
+
+
+def training_run(tmp: Path, env: dict[str, str], bootstrap: str) -> ManagedProcess:
+    """2-rank DDP on gloo where rank 1 silently nudges a weight after step 2."""
+    return ManagedProcess("training", [
+        sys.executable, "-m", "trainwatch.cli", "collect", "--bootstrap", bootstrap, "--run-id", TRAINING_RUN, "--",
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        str(ROOT / "examples" / "ddp_gloo.py"), "--steps", "6", "--perturb-rank", "1", "--perturb-step", "2",
+    ], tmp / "training.log", env=env, cwd=tmp)
+
+
+def start_alertmanager(binary: str, tmp: Path, webhook_url: str, port: int) -> ManagedProcess:
+    config = tmp / "alertmanager.yml"
+    config.write_text(yaml.safe_dump(alertmanager_config(webhook_url)))
+    return ManagedProcess("alertmanager", [
+        binary, f"--config.file={config}", f"--storage.path={tmp / 'am-data'}",
+        f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address=",
+    ], tmp / "alertmanager.log").start()
+
+
+def start_prometheus(binary: str, tmp: Path, env: dict[str, str], checker_port: int,
+                     alertmanager_port: int, port: int) -> ManagedProcess:
+    rules_with_short_for(tmp / "rules")
+    config = tmp / "prometheus.yml"
+    config.write_text(yaml.safe_dump(prometheus_config(tmp / "rules", checker_port, alertmanager_port, port)))
+    feature_flags, prometheus_env = prometheus_settings()
+    return ManagedProcess("prometheus", [
+        binary, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'prom-data'}",
+        f"--web.listen-address=127.0.0.1:{port}", *feature_flags,
+    ], tmp / "prometheus.log", env={**env, **prometheus_env}).start()
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory) -> Stack:
-    prometheus = require_binary("prometheus")
-    alertmanager = require_binary("prometheus-alertmanager")
+    prometheus_binary = require_binary("prometheus")
+    alertmanager_binary = require_binary("prometheus-alertmanager")
     for name in ("serve", "collect"):
         if not subcommand_ready(name):
             pytest.skip(f"`trainwatch {name}` is not available in this build")
@@ -352,41 +408,14 @@ def stack(tmp_path_factory) -> Stack:
     processes: list[ManagedProcess] = []
     try:
         checker_port, prometheus_port, alertmanager_port = free_port(), free_port(), free_port()
-        command, checker_env = compose_settings("checker", {
-            "TRAINWATCH_BOOTSTRAP": broker.bootstrap,
-            "TRAINWATCH_METRICS_HOST": "127.0.0.1",
-            "TRAINWATCH_METRICS_PORT": str(checker_port),
-            "TRAINWATCH_PARTITIONS": str(PARTITIONS),
-            "TRAINWATCH_GRACE_SECONDS": "1",
-        })
-        checker = ManagedProcess("checker", [sys.executable, "-c", BLOCK_TORCH, *command],
-                                 tmp / "checker.log", env={**env, **checker_env}, cwd=tmp).start()
+        checker = start_checker(tmp, env, broker.bootstrap, checker_port)
         processes.append(checker)
-        training = ManagedProcess("training", [
-            sys.executable, "-m", "trainwatch.cli", "collect", "--bootstrap", broker.bootstrap,
-            "--run-id", TRAINING_RUN, "--",
-            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-            str(ROOT / "examples" / "ddp_gloo.py"), "--steps", "6", "--perturb-rank", "1", "--perturb-step", "2",
-        ], tmp / "training.log", env=env, cwd=tmp)
+        training = training_run(tmp, env, broker.bootstrap)
         processes.append(training)
-
-        am_config = tmp / "alertmanager.yml"
-        am_config.write_text(yaml.safe_dump(alertmanager_config(webhook.url)))
-        processes.append(ManagedProcess("alertmanager", [
-            alertmanager, f"--config.file={am_config}", f"--storage.path={tmp / 'am-data'}",
-            f"--web.listen-address=127.0.0.1:{alertmanager_port}", "--cluster.listen-address=",
-        ], tmp / "alertmanager.log").start())
-
-        rules_with_short_for(tmp / "rules")
-        prom_config = tmp / "prometheus.yml"
-        prom_config.write_text(yaml.safe_dump(
-            prometheus_config(tmp / "rules", checker_port, alertmanager_port, prometheus_port)))
-        feature_flags, prometheus_env = prometheus_settings()
-        processes.append(ManagedProcess("prometheus", [
-            prometheus, f"--config.file={prom_config}", f"--storage.tsdb.path={tmp / 'prom-data'}",
-            f"--web.listen-address=127.0.0.1:{prometheus_port}", *feature_flags,
-        ], tmp / "prometheus.log", env={**env, **prometheus_env}).start())
-
+        alertmanager = start_alertmanager(alertmanager_binary, tmp, webhook.url, alertmanager_port)
+        processes.append(alertmanager)
+        prometheus = start_prometheus(prometheus_binary, tmp, env, checker_port, alertmanager_port, prometheus_port)
+        processes.append(prometheus)
         stack = Stack(
             prometheus_url=f"http://127.0.0.1:{prometheus_port}",
             alertmanager_url=f"http://127.0.0.1:{alertmanager_port}",
@@ -395,15 +424,15 @@ def stack(tmp_path_factory) -> Stack:
             processes=processes,
         )
 
-        def checker_serving() -> bool:
-            assert checker.running(), "checker exited"
+        def checker_metrics() -> bool:
             return b"trainwatch_build_info" in urllib.request.urlopen(stack.checker_metrics_url, timeout=2).read()
 
-        wait_until(checker_serving, 60, "the checker's /metrics", stack.diagnose)
-        training.start()
-        wait_until(lambda: urllib.request.urlopen(f"{stack.alertmanager_url}/-/ready", timeout=2).status == 200,
+        wait_until(alive(checker, checker_metrics), 60, "the checker's /metrics", stack.diagnose)
+        training.start()  # the checker reads from the earliest offset, so it may still be joining
+        wait_until(alive(alertmanager, lambda: urllib.request.urlopen(f"{stack.alertmanager_url}/-/ready",
+                                                                      timeout=2).status == 200),
                    30, "Alertmanager ready", stack.diagnose)
-        wait_until(lambda: stack.vector('up{job="trainwatch-checker"} == 1'), 30,
+        wait_until(alive(prometheus, lambda: stack.vector('up{job="trainwatch-checker"} == 1')), 30,
                    "Prometheus scraping the checker", stack.diagnose)
 
         def pipeline_step_closed() -> bool:
