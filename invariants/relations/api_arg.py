@@ -56,6 +56,8 @@ class APIArg(Template):
                     continue
                 first = calls[holders[0]]["args"][name]
                 holds = all(c["args"][name] == first for c in calls.values())
+                if holds and families is not None:
+                    continue
                 odd = holders
                 evidence: dict[str, Any] = {}
                 if not holds:
@@ -88,6 +90,8 @@ class APIArg(Template):
                     continue
                 values = [freeze(c["args"][name]) for c in calls]
                 holds = len(set(values)) == len(values)
+                if holds and families is not None:
+                    continue
                 evidence = {}
                 if not holds:
                     seen: dict[Any, int] = {}

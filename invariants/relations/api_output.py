@@ -70,7 +70,9 @@ class APIOutput(Template):
                             family = ("same_as_input", api, arg_name, prop)
                             if prop not in arg or prop not in ret or (families is not None and family not in families):
                                 continue
-                            holds = freeze(arg[prop]) == freeze(ret[prop])
+                            holds = arg[prop] == ret[prop]
+                            if holds and families is not None:
+                                continue
                             yield Site(family, holds, record, [rank], call.get("stage", ""),
                                        {} if holds else {"call": call["key"], "input": arg[prop], "output": ret[prop]})
                 outputs = _numeric_outputs(ret)
@@ -85,6 +87,8 @@ class APIOutput(Template):
                             if families is not None and family not in families:
                                 continue
                             holds = out_value <= limit
+                            if holds and families is not None:
+                                continue
                             yield Site(family, holds, record, [rank], call.get("stage", ""),
                                        {} if holds else {"call": call["key"], "limit": limit, out_name: out_value})
 

@@ -165,7 +165,11 @@ class Template:
     min_support = 2
 
     def sites(self, view: WindowView, families: Any = None) -> Iterator[Site]:
-        """Every testable site; ``families`` (a container) lets checking skip the rest."""
+        """Every testable site.
+
+        ``families`` (a container) means *checking*: only those families are wanted,
+        and boolean sites that hold may be skipped since no rule can fail there.
+        """
         return iter(())
 
     def is_value_family(self, family: tuple) -> bool:

@@ -80,6 +80,8 @@ class Consistent(Template):
                 if all(v == first for v in values.values()):
                     if first is None:
                         continue
+                    if families is not None:
+                        continue
                     holds = True
                 else:
                     frozen = {r: freeze(v) for r, v in values.items()}
@@ -117,7 +119,7 @@ class Consistent(Template):
                     numel = attrs.get("numel")
                     if value is None or (isinstance(numel, int) and numel <= 1):
                         continue
-                    groups.setdefault(freeze(value), []).append(name)
+                    groups.setdefault(value if isinstance(value, str) else freeze(value), []).append(name)
                 pairs = set()
                 for members in groups.values():
                     if 1 < len(members) <= MAX_TIE_GROUP:

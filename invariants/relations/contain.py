@@ -70,6 +70,8 @@ class EventContain(Template):
                                     continue
                                 same = pre_attrs[attr] == post_attrs[attr]
                                 holds = (not same) if effect == "changes" else same
+                            if holds and families is not None:
+                                continue
                             yield Site(
                                 family=("state", api, attr, effect),
                                 observed=holds,
