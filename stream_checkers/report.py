@@ -32,10 +32,16 @@ def decode_violation(data: bytes) -> dict[str, Any]:
 
 
 def violation_line(record: dict[str, Any]) -> str:
-    """``VIOLATION run=r step=4 ranks=1 [Consistent] description (invariant id)``."""
+    """``VIOLATION run=r step=4 ranks=1 [Consistent] description (invariant id)``.
+
+    Trend-monitor alerts read ``TREND run=r step=9 [Trend:loss_spike] ...``.
+    """
     ranks = record.get("ranks") or []
     rank_text = ",".join(str(r) for r in ranks) if ranks else "-"
     description = str(record.get("description") or record.get("invariant") or "").strip()
+    relation = str(record.get("relation"))
+    if relation.startswith("Trend:"):
+        return f"TREND run={record.get('run')} step={record.get('step')} [{relation}] {record.get('description')}"
     line = (
         f"VIOLATION run={record.get('run')} step={record.get('step')} ranks={rank_text} "
         f"[{record.get('relation')}] {description}"

@@ -47,6 +47,7 @@ def run_worker(config: CheckerConfig, engine: EnginePort, *, out: TextIO | None 
             redirect_stdouts=False,
             override_logging=True,
         )
+        worker.spinner = None  # terminal control codes have no place in a log
         logging.getLogger("trainwatch.checker").setLevel(logging.INFO)
         try:
             worker.execute_from_commandline()

@@ -1,0 +1,284 @@
+"""``trainwatch watch``: broker, checker and training command on one machine.
+
+The pieces are real processes: an embedded tansu broker (unless ``--bootstrap``
+names a cluster), a ``trainwatch serve`` child, and the training command under
+``trainwatch collect``.  This process only orchestrates: it follows the violations
+topic and prints this run's violations as they arrive, waits (bounded) for the
+checker to drain the run once the command has exited, and tears everything down in
+reverse order — whatever happened.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from .report import decode_violation, violation_line
+from .supervisor import CheckerProcess, TopicReader, metric
+
+EXIT_OK, EXIT_VIOLATIONS, EXIT_USAGE = 0, 1, 2
+
+
+@dataclass
+class WatchOptions:
+    command: list[str]
+    run_id: str
+    bootstrap: str | None = None
+    invariants: str | None = None
+    metrics_port: int = 0
+    trace_dir: str | None = None
+    grace_seconds: float = 2.0
+    partitions: int = 4
+    topic_prefix: str = "trainwatch."
+    drain_timeout_s: float = 60.0
+    extra_collect_args: list[str] = field(default_factory=list)
+
+
+class ViolationFollower(threading.Thread):
+    """Prints this run's violations as they land on the violations topic."""
+
+    def __init__(self, bootstrap: str, topic: str, run_id: str, out: TextIO) -> None:
+        super().__init__(name="trainwatch-violations", daemon=True)
+        self.reader = TopicReader(bootstrap, topic)
+        self.run_id = run_id
+        self.out = out
+        self.seen: dict[str, dict[str, Any]] = {}
+        self.stopping = threading.Event()
+        self.caught_up = threading.Event()
+        self.error: str | None = None
+
+    def run(self) -> None:
+        try:
+            while not self.stopping.is_set():
+                found = [v for v in (self._decode(r.value) for r in self.reader.poll(0.2)) if v is not None]
+                for violation in sorted(found, key=lambda v: (v.get("step") or 0, str(v.get("relation")))):
+                    self._handle(violation)
+                if self.reader.caught_up():
+                    self.caught_up.set()
+                else:
+                    self.caught_up.clear()
+        except Exception as exc:  # reported in the summary; the run itself goes on
+            self.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self.reader.close()
+
+    @staticmethod
+    def _decode(value: bytes) -> dict[str, Any] | None:
+        try:
+            violation = decode_violation(value)
+        except ValueError:
+            return None
+        return violation if isinstance(violation, dict) else None
+
+    def _handle(self, violation: dict[str, Any]) -> None:
+        vid = str(violation.get("id"))
+        if violation.get("run") != self.run_id or vid in self.seen:
+            return
+        self.seen[vid] = violation
+        print(violation_line(violation), file=self.out, flush=True)
+
+    def settle(self, timeout_s: float) -> None:
+        """Wait until the follower has read everything published so far."""
+        self.caught_up.clear()
+        self.caught_up.wait(timeout_s)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(timeout=10)
+
+
+class WatchSession:
+    def __init__(self, options: WatchOptions, out: TextIO | None = None, err: TextIO | None = None) -> None:
+        self.options = options
+        self.out = out or sys.stdout
+        self.err = err or sys.stderr
+        self.workdir = Path(tempfile.mkdtemp(prefix="trainwatch-watch-"))
+        self.broker: Any = None
+        self.checker: CheckerProcess | None = None
+        self.follower: ViolationFollower | None = None
+
+    def say(self, text: str) -> None:
+        print(f"trainwatch watch: {text}", file=self.err, flush=True)
+
+    # ------------------------------------------------------------------ setup
+    def _start_broker(self) -> str:
+        if self.options.bootstrap:
+            return self.options.bootstrap
+        from .embedded_broker import EmbeddedBroker
+
+        self.broker = EmbeddedBroker(log_path=self.workdir / "broker.log").start()
+        return self.broker.bootstrap
+
+    def _start_checker(self, bootstrap: str) -> CheckerProcess:
+        o = self.options
+        args = ["--partitions", str(o.partitions), "--grace-seconds", str(o.grace_seconds),
+                "--topic-prefix", o.topic_prefix, "--app-id", f"trainwatch-watch-{o.run_id}",
+                "--data-dir", str(self.workdir / "checker")]
+        if o.invariants:
+            args += ["-i", o.invariants]
+        checker = CheckerProcess(bootstrap, self.workdir / "checker.log", args, metrics_port=o.metrics_port)
+        self.checker = checker
+        return checker.start()
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> int:
+        o = self.options
+        training_rc: int | None = None
+        interrupted = False
+        code = EXIT_USAGE
+        try:
+            try:
+                bootstrap = self._start_broker()
+            except Exception as exc:
+                self.say(str(exc))
+                return EXIT_USAGE
+            try:
+                checker = self._start_checker(bootstrap)
+            except Exception as exc:
+                self.say(f"the checker did not start: {exc}")
+                return EXIT_USAGE
+            self._header(bootstrap, checker)
+            self.follower = ViolationFollower(bootstrap, f"{o.topic_prefix}violations", o.run_id, self.out)
+            self.follower.start()
+            try:
+                training_rc = self._run_training(bootstrap)
+            except KeyboardInterrupt:
+                interrupted = True
+                self.say("interrupted; stopping")
+            if not interrupted:
+                drained = self._drain(checker)
+                if not drained:
+                    self.say(f"the checker did not finish this run within {o.drain_timeout_s:g}s; "
+                             "the results below may be incomplete")
+            code = self._summary(training_rc, interrupted)
+            return code
+        finally:
+            self._teardown()
+            if code in (EXIT_OK, EXIT_VIOLATIONS):
+                shutil.rmtree(self.workdir, ignore_errors=True)
+            else:
+                self.say(f"logs kept in {self.workdir}")
+
+    def _header(self, bootstrap: str, checker: CheckerProcess) -> None:
+        where = "embedded tansu broker" if self.broker is not None else "Kafka cluster"
+        lines = [
+            f"run      {self.options.run_id}",
+            f"broker   {bootstrap} ({where})",
+            f"metrics  {checker.metrics_url}",
+            f"checker  pid {checker.proc.pid if checker.proc else '?'}, log {checker.log_path}",
+        ]
+        if self.options.trace_dir:
+            lines.append(f"traces   {self.options.trace_dir}")
+        self.say("checking live\n  " + "\n  ".join(lines))
+
+    def _run_training(self, bootstrap: str) -> int:
+        o = self.options
+        argv = [sys.executable, "-m", "trainwatch.cli", "collect", "--bootstrap", bootstrap, "--run-id", o.run_id,
+                "--topic-prefix", o.topic_prefix, *o.extra_collect_args]
+        if o.trace_dir:
+            argv += ["-o", o.trace_dir]
+        if o.invariants:
+            argv += ["-i", o.invariants]
+        argv += ["--", *o.command]
+        env = dict(os.environ)
+        env.setdefault("OMP_NUM_THREADS", "1")
+        proc = subprocess.Popen(argv, env=env)
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            raise
+
+    def _drain(self, checker: CheckerProcess) -> bool:
+        """Wait until the checker has consumed everything and closed this run's windows."""
+        run = self.options.run_id
+        deadline = time.monotonic() + self.options.drain_timeout_s
+        stable_since: float | None = None
+        last_checked = -1.0
+        while time.monotonic() < deadline:
+            if not checker.running:
+                self.say("the checker exited early; see its log: " + str(checker.log_path))
+                return False
+            try:
+                samples = checker.metrics()
+            except OSError:
+                time.sleep(0.2)
+                continue
+            lag = sum(v for k, v in samples.items() if k.startswith("trainwatch_consumer_lag_messages"))
+            lag_known = any(k.startswith("trainwatch_consumer_lag_messages") for k in samples)
+            consumed = metric(samples, "trainwatch_batches_consumed_total", run=run)
+            open_windows = metric(samples, "trainwatch_open_windows")
+            checked = metric(samples, "trainwatch_steps_checked_total", run=run)
+            idle = lag_known and lag == 0 and open_windows == 0 and consumed > 0
+            if idle and checked == last_checked:
+                stable_since = stable_since or time.monotonic()
+                if time.monotonic() - stable_since >= 0.5:
+                    break
+            else:
+                stable_since = None
+            last_checked = checked
+            time.sleep(0.2)
+        else:
+            return False
+        if self.follower is not None:
+            self.follower.settle(max(1.0, deadline - time.monotonic()))
+        return True
+
+    def _summary(self, training_rc: int | None, interrupted: bool) -> int:
+        violations = list(self.follower.seen.values()) if self.follower else []
+        steps = 0.0
+        if self.checker is not None and self.checker.running:
+            try:
+                steps = metric(self.checker.metrics(), "trainwatch_steps_checked_total", run=self.options.run_id)
+            except OSError:
+                pass
+        invariant_violations = [v for v in violations if not str(v.get("relation", "")).startswith("Trend:")]
+        trend_alerts = len(violations) - len(invariant_violations)
+        parts = [f"run {self.options.run_id}: {int(steps)} step(s) checked"]
+        if violations:
+            first = min(violations, key=lambda v: (v.get("step") or 0))
+            kinds = len({v.get("invariant") for v in invariant_violations})
+            parts.append(f"{len(invariant_violations)} violation(s) of {kinds} invariant(s)")
+            if trend_alerts:
+                parts.append(f"{trend_alerts} trend alert(s)")
+            parts.append(f"first at step {first.get('step')} [{first.get('relation')}]")
+        else:
+            parts.append("no violation")
+        if training_rc is not None:
+            parts.append("training exited 0" if training_rc == 0 else f"training FAILED with exit code {training_rc}")
+        self.say("; ".join(parts))
+        if self.follower is not None and self.follower.error:
+            self.say(f"could not follow the violations topic: {self.follower.error}")
+            return EXIT_USAGE
+        failing = invariant_violations + [
+            v for v in violations if str(v.get("relation", "")).startswith("Trend:nonfinite")
+        ]
+        if failing:  # NaN/Inf counts; other trend alerts (spikes, plateaus) only inform
+            return EXIT_VIOLATIONS
+        if interrupted:
+            return 130
+        if training_rc not in (0, None):
+            return EXIT_USAGE
+        return EXIT_OK
+
+    def _teardown(self) -> None:
+        if self.follower is not None:
+            self.follower.stop()
+        if self.checker is not None:
+            self.checker.stop()
+        if self.broker is not None:
+            self.broker.stop()
