@@ -70,13 +70,16 @@ class Inferencer:
                 continue
             relation = template.relation
             signature = self._signature
+            fields = template.inference_fields
             last_records: Any = None
             sig: frozenset = frozenset()
             for site in template.sites(view):
                 records = site.get_records()
                 if records is not last_records:  # sites of one variable/call share their records
-                    sig = signature(records)
                     last_records = records
+                    if fields is not None:
+                        records = [{k: v for k, v in r.items() if k in fields} for r in records]
+                    sig = signature(records)
                 if template.is_value_family(site.family):
                     fkey = (relation, site.family)
                     trig = self.triggers.get(fkey)

@@ -110,4 +110,6 @@ class Violation:
         )
 
     def sort_key(self) -> tuple[Any, ...]:
-        return (self.run, self.step, self.invariant)
+        """Earliest step first; within a step, the violation naming the fewest ranks
+        localises the fault best, so it leads the report."""
+        return (self.run, self.step, len(self.ranks) if self.ranks else 1 << 20, self.invariant)

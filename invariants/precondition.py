@@ -36,6 +36,11 @@ NO_CONSTANT_FIELDS = frozenset({"rank"})
 #: Readability order when several clauses separate equally well: stage and flags first.
 _FIELD_PRIORITY = ("stage", "has_grad", "requires_grad", "training", "ctx.autocast", "ctx.grad", "step_is_first")
 MAX_DISJUNCTS = 4
+#: The execution context a rule was learned in.  Every learned conjunction keeps the
+#: context clauses its positives share, even when they are not needed to reject a
+#: negative: a rule seen only without autocast, or only in training, must not be
+#: applied blindly under autocast or in evaluation.
+CONTEXT_FIELDS = frozenset({"stage", "ctx.autocast", "ctx.grad", "ctx.training"})
 
 _MISSING = object()
 
@@ -78,6 +83,10 @@ def signature(records: Sequence[Record]) -> Signature:
     multi = len(records) > 1
     for name in fields:
         values = [record[name] for record in records]
+        if name in CONTEXT_FIELDS and all(v is None for v in values):
+            # "no autocast" is context too: a rule learned without autocast must say so
+            clauses.add(("constant", name, None, "NoneType"))
+            continue
         if any(v is None or not _hashable(v) for v in values):
             continue
         clauses.add(("exists", name))
@@ -250,24 +259,52 @@ def _cover(positives: Counter, negatives: Counter) -> list[frozenset] | None:
     return disjuncts
 
 
-def infer_precondition(positives: Counter, negatives: Counter) -> tuple[bool, dict[str, Any] | None]:
-    """Returns ``(ok, precondition)``; ``ok`` is False when no formula separates the examples.
+def _context(signatures: Iterable[Signature]) -> frozenset:
+    """Context clauses shared by all the given signatures."""
+    sigs = list(signatures)
+    if not sigs:
+        return frozenset()
+    common = frozenset.intersection(*sigs)
+    return frozenset(c for c in common if c[1] in CONTEXT_FIELDS and c[0] == "constant")
 
-    No negatives means the relation held everywhere it could be tested: no precondition.
-    When the positives cannot be described but the negatives can (a rule that holds
-    "except at the first step"), the negatives' formula is learned and negated.
+
+def _closed_world(clause: Clause) -> bool:
+    """Whether NOT(clause) is safe on values never seen: only for booleans and None."""
+    if clause[0] != "constant":
+        return True
+    return isinstance(clause[2], bool) or clause[2] is None
+
+
+def infer_precondition(positives: Counter, negatives: Counter) -> tuple[bool, dict[str, Any] | None]:
+    """Returns ``(ok, precondition)``; ``ok`` is False when no safe formula separates the examples.
+
+    A formula is learned that accepts every positive and rejects every negative
+    (greedy set cover, at most `MAX_DISJUNCTS` conjunctions), and each conjunction
+    keeps the context its positives share.  When only the negatives can be described
+    ("holds except at the first step"), their formula is negated into one conjunction
+    of negated clauses — allowed only when every negated clause is about a boolean or
+    None, because ``not mtype = Embedding`` would also accept module types never seen.
+    No negatives and no shared context means no precondition.
     """
-    if not negatives:
-        return True, None
     if not positives:
         return False, None
+    if not negatives:
+        context = _context(positives)
+        return True, (dnf_to_json([context]) if context else None)
     direct = _cover(positives, negatives)
     if direct is not None:
-        return True, dnf_to_json(direct)
+        extended = [conj | _context(sig for sig in positives if conj <= sig) for conj in direct]
+        return True, dnf_to_json(extended)
     inverse = _cover(negatives, positives)
-    if inverse is not None:
-        return True, dnf_to_json(inverse, negated=True)
-    return False, None
+    if inverse is None or any(len(conj) != 1 for conj in inverse):
+        return False, None
+    negated = [next(iter(conj)) for conj in inverse]
+    if not all(_closed_world(c) for c in negated):
+        return False, None
+    context = _context(positives)
+    clauses = [dict(clause_to_json(c), negated=True) for c in _sorted_clauses(negated)]
+    clauses += [clause_to_json(c) for c in _sorted_clauses(context)]
+    return True, {"negated": False, "any": [{"all": clauses}]}
 
 
 def validate_precondition(pre: Any, where: str) -> None:
@@ -294,7 +331,7 @@ def validate_precondition(pre: Any, where: str) -> None:
                 raise ValueError(f"{path}.field: must be a non-empty string")
             if clause["kind"] == "constant":
                 values = clause.get("values")
-                if not isinstance(values, list) or not values or not all(_hashable(v) for v in values):
-                    raise ValueError(f"{path}.values: must be a non-empty list of scalars")
+                if not isinstance(values, list) or not values or not all(v is None or _hashable(v) for v in values):
+                    raise ValueError(f"{path}.values: must be a non-empty list of scalars or null")
             if not isinstance(clause.get("negated", False), bool):
                 raise ValueError(f"{path}.negated: must be a boolean")

@@ -25,6 +25,8 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 from ..window import FactPlan, WindowState, ancestors, sorted_calls
 
 Record = dict[str, Any]
+#: grad_norm / data_norm above which an optimizer step is expected to move float32 weights
+SIGNIFICANT_GRAD_RATIO = 1e-4
 
 
 @dataclass(slots=True)
@@ -155,6 +157,11 @@ class WindowView:
             norm = attrs.get("grad_norm")
             if isinstance(norm, (int, float)) and not isinstance(norm, bool):
                 record["grad_nonzero"] = norm > 0
+                # A gradient many orders of magnitude below the weights (e.g. a conv bias
+                # feeding a BatchNorm) can leave float32 weights bit-identical after a step.
+                data_norm = attrs.get("data_norm")
+                if isinstance(data_norm, (int, float)) and not isinstance(data_norm, bool):
+                    record["grad_significant"] = norm > SIGNIFICANT_GRAD_RATIO * data_norm if data_norm > 0 else norm > 0
         return record
 
 
@@ -163,6 +170,8 @@ class Template:
 
     relation = ""
     min_support = 2
+    #: record fields inference may build preconditions from (None = all of them)
+    inference_fields: frozenset[str] | None = None
 
     def sites(self, view: WindowView, families: Any = None) -> Iterator[Site]:
         """Every testable site.

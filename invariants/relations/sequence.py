@@ -8,8 +8,8 @@ Ordering rules are the noisiest template, so this one is pruned hard:
 * only calls made directly by user code (no recorded parent) take part, so
   caller/callee pairs and library internals never become rules;
 * only APIs called at most ``MAX_CALLS_PER_WINDOW`` times per rank and step;
-* a rule may be scoped only by stage, and must hold in every window of every
-  reference trace (any exception drops it).
+* a learned rule may be scoped only by stage (hand-written ones may also use
+  ``step_is_first``), and must hold in every window of every reference trace.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ MAX_CALLS_PER_WINDOW = 4
 class APISequence(Template):
     relation = "APISequence"
     min_support = 3
+    #: "X before Y, but only at the first step" describes one window per run: noise
+    inference_fields = frozenset({"stage"})
 
     def is_value_family(self, family: tuple) -> bool:
         return True
