@@ -48,11 +48,14 @@ class DigestSkip:
     reason: str
 
 
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
+
+
 def skip_reason(tensor: torch.Tensor) -> str | None:
     """Return why this tensor cannot be digested, or None when it can."""
     if tensor.is_meta:
         return "meta"
-    if _is_fake(tensor):
+    if type(tensor) not in _PLAIN_TYPES and _is_fake(tensor):
         return "fake"
     if tensor.layout != torch.strided:
         return "layout"
@@ -96,15 +99,37 @@ def _as_integers(tensor: torch.Tensor) -> torch.Tensor:
     return flat
 
 
+#: dtypes numpy can view directly (zero copy); others are reinterpreted as integers first
+_NUMPY_VIEWABLE = frozenset(
+    {
+        torch.float16, torch.float32, torch.float64, torch.complex64, torch.complex128,
+        torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool,
+    }
+)
+_HEADERS: dict[tuple[torch.dtype, tuple[int, ...]], bytes] = {}
+
+
+def _cached_header(tensor: torch.Tensor) -> bytes:
+    key = (tensor.dtype, tuple(tensor.shape))
+    header = _HEADERS.get(key)
+    if header is None:
+        header = _header(tensor)
+        if len(_HEADERS) < 65536:  # bounded: shapes of one model's parameters
+            _HEADERS[key] = header
+    return header
+
+
 def cpu_digest(tensor: torch.Tensor) -> str:
     """xxh3-64 over dtype, shape and the raw bytes, without copying contiguous tensors."""
-    plain = _plain(tensor)
-    hasher = xxhash.xxh3_64(_header(plain))
+    plain = tensor.detach()
+    if plain.is_conj() or plain.is_neg() or not plain.is_contiguous():
+        plain = _plain(plain)
+    hasher = xxhash.xxh3_64(_cached_header(plain))
     if plain.numel():
-        raw = _as_integers(plain)
-        if raw.dtype != torch.uint8:
-            raw = raw.view(torch.uint8)
-        hasher.update(memoryview(raw.numpy()))
+        if plain.dtype in _NUMPY_VIEWABLE:
+            hasher.update(plain.numpy().reshape(-1).view("u1"))
+        else:
+            hasher.update(_as_integers(plain).numpy().view("u1"))
     return f"{CPU_ALGORITHM}:{hasher.hexdigest()}"
 
 

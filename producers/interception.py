@@ -25,8 +25,11 @@ from .selection import (
     DROPOUT_FUNCTIONS,
     INIT_FUNCTIONS,
     MODULE_EVAL,
+    MODULE_FORWARD,
     MODULE_TRAIN,
+    OPTIMIZER_STEP,
     OPTIMIZER_ZERO_GRAD,
+    WORKER_INIT,
     Selection,
 )
 from .tracer import Tracer
@@ -79,6 +82,7 @@ WRAP_SPECS: tuple[WrapSpec, ...] = (
     ),
 )
 WRAPPED_APIS = frozenset(spec.api for spec in WRAP_SPECS)
+HOOKED_APIS = frozenset({OPTIMIZER_STEP, MODULE_FORWARD, WORKER_INIT})
 INIT_PROCESS_GROUP = "torch.distributed.init_process_group"
 
 
@@ -255,10 +259,18 @@ def install(tracer: Tracer, selection: Selection, on_rank_change: Callable[[], N
 
 
 def _mode_targets(selection: Selection) -> list[Any]:
-    """Selected torch functions that no wrapper covers (e.g. from an invariants file)."""
+    """Selected torch functions that no wrapper or hook covers (e.g. from an invariants file).
+
+    Only functions a ``TorchFunctionMode`` can see qualify: ``torch.*`` and
+    ``torch.nn.functional.*`` functions and ``torch.Tensor`` methods, not methods of
+    other classes (``Optimizer.step`` and ``Module.forward`` come from hooks).
+    """
     targets = []
-    for api in selection.apis - WRAPPED_APIS:
-        if not api.startswith("torch.") or api.count(".") < 1:
+    for api in selection.apis - WRAPPED_APIS - HOOKED_APIS:
+        if not api.startswith("torch.") or "." not in api:
+            continue
+        owner = _safe_resolve(api.rsplit(".", 1)[0])
+        if isinstance(owner, type) and owner is not torch.Tensor:
             continue
         target = _safe_resolve(api)
         if callable(target) and not isinstance(target, type):

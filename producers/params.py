@@ -126,33 +126,51 @@ class ParameterRegistry:
 
 
 def _norms(tensors: Sequence[torch.Tensor | None]) -> list[float | None]:
-    """Euclidean norms of float tensors, one host transfer per device."""
+    """Euclidean norms of float tensors: one fused kernel and one host transfer per (device, dtype)."""
     results: list[float | None] = [None] * len(tensors)
-    groups: dict[torch.device, list[int]] = {}
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
     for index, tensor in enumerate(tensors):
         if tensor is None or not (tensor.is_floating_point() or tensor.is_complex()):
             continue
         if tensor.numel() == 0 or skip_reason(tensor) is not None:
             continue
-        groups.setdefault(tensor.device, []).append(index)
+        groups.setdefault((tensor.device, tensor.dtype), []).append(index)
     for indices in groups.values():
         norms = torch._foreach_norm([tensors[i] for i in indices])  # type: ignore[misc]
-        values = torch.stack([n.to(torch.float64) for n in norms]).tolist()
+        values = torch.stack(norms).tolist()
         for index, value in zip(indices, values):
-            results[index] = value
+            results[index] = float(value)
     return results
 
 
-def snapshot_attrs(entries: Iterable[ParamEntry]) -> list[tuple[ParamEntry, dict[str, Any]]]:
-    """Attributes of each parameter: metadata, data/grad digests and norms."""
+def snapshot_attrs(
+    entries: Iterable[ParamEntry], *, data_from: dict[str, dict[str, Any]] | None = None
+) -> list[tuple[ParamEntry, dict[str, Any]]]:
+    """Attributes of each parameter: metadata, data/grad digests and norms.
+
+    ``data_from`` (name -> attrs of a snapshot taken moments before) reuses the data
+    digest and norm when only gradients can have changed since (around ``zero_grad``).
+    """
     entries = list(entries)
+    count = len(entries)
     with torch.no_grad():
-        datas = [entry.param.detach() for entry in entries]
         grads = [entry.param.grad.detach() if entry.param.grad is not None else None for entry in entries]
-        data_digests = tensor_digests(datas)
         grad_digests = tensor_digests(grads)
-        data_norms = _norms(datas)
-        grad_norms = _norms(grads)
+        reused = [data_from.get(entry.name) if data_from is not None else None for entry in entries]
+        fresh = [index for index in range(count) if reused[index] is None]
+        datas = [entries[index].param.detach() for index in fresh]
+        fresh_digests = tensor_digests(datas)
+        norms = _norms(datas + grads)
+    data_digests: list[Any] = [None] * count
+    data_norms: list[Any] = [None] * count
+    for position, index in enumerate(fresh):
+        data_digests[index] = fresh_digests[position]
+        data_norms[index] = norms[position]
+    for index, previous in enumerate(reused):
+        if previous is not None:
+            data_digests[index] = previous.get("data_digest")
+            data_norms[index] = previous.get("data_norm")
+    grad_norms = norms[len(fresh):]
     results = []
     for index, entry in enumerate(entries):
         param = entry.param

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import importlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -85,10 +85,14 @@ class Selection:
     apis: frozenset[str] = DEFAULT_APIS
     full: bool = False
     source: str = "default"
-    extra: tuple[str, ...] = field(default=())
+    #: snapshot points (``pre:<api>``, ``post:<api>``, ``step_end``) to take; None = all
+    state_points: frozenset[str] | None = None
 
     def wants(self, api: str) -> bool:
         return self.full or api in self.apis
+
+    def wants_point(self, point: str) -> bool:
+        return self.full or self.state_points is None or point in self.state_points
 
     @property
     def snapshots(self) -> bool:
@@ -110,14 +114,15 @@ def load_selection(path: str | Path, full: bool = False) -> Selection:
     except UnicodeDecodeError:
         raise SelectionError(f"{path} is not a UTF-8 text file") from None
     stripped = text.lstrip()
+    points: frozenset[str] | None = None
     if stripped.startswith(("{", "[")):
-        apis = _apis_from_invariants(text, path)
+        apis, points = _apis_from_invariants(text, path)
     else:
         apis = _apis_from_list(text)
     if not apis:
         raise SelectionError(f"{path} names no API to instrument")
     # Step boundaries come from optimizer hooks, so those are always on.
-    return Selection(apis=frozenset(apis) | {OPTIMIZER_STEP}, full=full, source=str(path))
+    return Selection(apis=frozenset(apis) | {OPTIMIZER_STEP}, full=full, source=str(path), state_points=points)
 
 
 def _apis_from_list(text: str) -> set[str]:
@@ -129,19 +134,19 @@ def _apis_from_list(text: str) -> set[str]:
     return apis
 
 
-def _apis_from_invariants(text: str, path: Path) -> set[str]:
+def _apis_from_invariants(text: str, path: Path) -> tuple[set[str], frozenset[str] | None]:
     try:
         document = json.loads(text)
     except json.JSONDecodeError as exc:
         raise SelectionError(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno}") from None
-    needed = _core_needed_apis(document, path)
+    needed = _core_needed(document, path)
     if needed is not None:
         return needed
-    return set(_strings_under_apis(document))
+    return set(_strings_under_apis(document)), None
 
 
-def _core_needed_apis(document: Any, path: Path) -> set[str] | None:
-    """Ask the invariants core which APIs an invariant set needs, when it can tell us."""
+def _core_needed(document: Any, path: Path) -> tuple[set[str], frozenset[str] | None] | None:
+    """Ask the invariants core which APIs and snapshot points an invariant set needs."""
     try:
         core = importlib.import_module("invariants.selection")
     except ImportError:
@@ -152,9 +157,25 @@ def _core_needed_apis(document: Any, path: Path) -> set[str] | None:
     try:
         from invariants.invariant_file import load_set
 
-        return {str(api) for api in needed_apis(load_set(document, source=str(path)))}
+        invariant_set = load_set(document, source=str(path))
+        apis = {str(api) for api in needed_apis(invariant_set)}
     except Exception as exc:  # the core validates; its message is the useful one
         raise SelectionError(str(exc) if str(path) in str(exc) else f"{path}: {exc}") from None
+    return apis, _state_points(invariant_set)
+
+
+def _state_points(invariant_set: Any) -> frozenset[str] | None:
+    """Union of the snapshot points the invariants' templates read; None = cannot tell."""
+    points: set[str] = set()
+    try:
+        for compiled in invariant_set.compiled:
+            plan = compiled.template.needs(compiled.invariant.params)
+            if plan.state_points is None:
+                return None
+            points.update(plan.state_points)
+    except AttributeError:
+        return None
+    return frozenset(points)
 
 
 def _strings_under_apis(node: Any) -> Iterable[str]:

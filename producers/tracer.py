@@ -36,6 +36,7 @@ from .steps import OptimizerCycle
 from .summaries import summarize, summarize_optimizer
 
 SNAPSHOT_APIS = frozenset({OPTIMIZER_STEP, OPTIMIZER_ZERO_GRAD})
+REFRESH_EVERY_STEPS = 16
 
 
 def _is_compiling() -> bool:
@@ -59,7 +60,7 @@ class _ThreadState(threading.local):
 class CallToken:
     """What a wrapper needs to close the call it opened."""
 
-    __slots__ = ("cid", "api", "name", "snapshot_of", "restore_stage", "group")
+    __slots__ = ("cid", "api", "name", "snapshot_of", "restore_stage", "group", "pre_attrs", "post_attrs")
 
     def __init__(self, cid: int, api: str, name: str) -> None:
         self.cid = cid
@@ -68,6 +69,8 @@ class CallToken:
         self.snapshot_of: torch.optim.Optimizer | None = None
         self.restore_stage: str | None = None
         self.group: str | None = None
+        self.pre_attrs: dict[str, dict[str, Any]] | None = None
+        self.post_attrs: list[tuple[Any, dict[str, Any]]] | None = None
 
 
 class Tracer:
@@ -231,7 +234,10 @@ class Tracer:
             stack.append(token.cid)
             if optimizer is not None and api in SNAPSHOT_APIS and self._snapshots and self.sampled:
                 token.snapshot_of = optimizer
-                self._snapshot(self.registry.optimizer_entries(optimizer), f"pre:{api}", token.cid)
+                if self.selection.wants_point(f"pre:{api}"):
+                    taken = self._snapshot(self.registry.optimizer_entries(optimizer), f"pre:{api}", token.cid)
+                    if api == OPTIMIZER_ZERO_GRAD:
+                        token.pre_attrs = {entry.name: attrs for entry, attrs in taken}
             return token
         except Exception as exc:
             self.internal_error(f"recording {api}", exc)
@@ -257,8 +263,12 @@ class Tracer:
                     exc=type(exc).__qualname__, msg=str(exc)[:300],
                 )
             self._record(event)
-            if token.snapshot_of is not None and exc is None:
-                self._snapshot(self.registry.optimizer_entries(token.snapshot_of), f"post:{token.api}", token.cid)
+            if token.snapshot_of is not None and exc is None and self.selection.wants_point(f"post:{token.api}"):
+                # zero_grad only touches gradients: reuse the data digests taken just before
+                token.post_attrs = self._snapshot(
+                    self.registry.optimizer_entries(token.snapshot_of), f"post:{token.api}", token.cid,
+                    data_from=token.pre_attrs,
+                )
         except Exception as error:
             self.internal_error(f"recording {token.api}", error)
         finally:
@@ -266,22 +276,27 @@ class Tracer:
                 self.stage = token.restore_stage
 
     # -- snapshots ------------------------------------------------------------------
-    def _state_events(self, entries: list[Any], at: str, cid: int | None) -> list[dict[str, Any]]:
+    def _take(self, entries: list[Any], data_from: dict[str, dict[str, Any]] | None = None) -> list[tuple[Any, dict[str, Any]]]:
         self._tls.busy = True
         try:
-            snapshot = snapshot_attrs(entries)
+            return snapshot_attrs(entries, data_from=data_from)
         finally:
             self._tls.busy = False
-        events = []
-        for entry, attrs in snapshot:
-            events.append(
-                self._event("state", name=entry.name, vtype=PARAMETER_VTYPE, at=at, cid=cid, attrs=attrs)
-            )
-        return events
 
-    def _snapshot(self, entries: list[Any], at: str, cid: int | None) -> None:
-        if entries:
-            self.recorder.extend(self._state_events(entries, at, cid))
+    def _state_events(self, taken: list[tuple[Any, dict[str, Any]]], at: str, cid: int | None) -> list[dict[str, Any]]:
+        return [
+            self._event("state", name=entry.name, vtype=PARAMETER_VTYPE, at=at, cid=cid, attrs=attrs)
+            for entry, attrs in taken
+        ]
+
+    def _snapshot(
+        self, entries: list[Any], at: str, cid: int | None, data_from: dict[str, dict[str, Any]] | None = None
+    ) -> list[tuple[Any, dict[str, Any]]]:
+        if not entries:
+            return []
+        taken = self._take(entries, data_from)
+        self.recorder.extend(self._state_events(taken, at, cid))
+        return taken
 
     # -- module forward (global hooks) ----------------------------------------------
     def forward_pre(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
@@ -374,20 +389,27 @@ class Tracer:
         if not self.enabled or self._tls.busy or _is_compiling():
             return
         try:
-            self.end_call(self._open_steps.pop(id(optimizer), None))
+            token = self._open_steps.pop(id(optimizer), None)
+            self.end_call(token)
+            just_taken = token.post_attrs if token is not None else None
             decision = self.cycle.after_step(id(optimizer), self.recorder.position)
             if not self.cycle.learnt:
                 # The step may have ended here; keep what its end snapshot would be.
-                self._pending_end_states = self._end_states()
+                self._pending_end_states = self._end_states(just_taken)
             if decision.end_step:
-                self._end_step()
+                self._end_step(states=self._end_states(just_taken))
         except Exception as exc:
             self.internal_error("optimizer step hook", exc)
 
-    def _end_states(self) -> list[dict[str, Any]]:
-        if not (self._snapshots and self.sampled):
+    def _end_states(self, just_taken: list[tuple[Any, dict[str, Any]]] | None = None) -> list[dict[str, Any]]:
+        """Step-end snapshot of every parameter; reuses the post-step one taken this instant."""
+        if not (self._snapshots and self.sampled and self.selection.wants_point("step_end")):
             return []
-        return self._state_events(self.registry.all_entries(), "step_end", None)
+        entries = self.registry.all_entries()
+        if just_taken is not None and len(just_taken) == len(entries):
+            if {id(e.param) for e, _ in just_taken} == {id(e.param) for e in entries}:
+                return self._state_events(just_taken, "step_end", None)
+        return self._state_events(self._take(entries), "step_end", None)
 
     def _end_step(
         self, *, cut_at: int | None = None, states: list[dict[str, Any]] | None = None, final: bool = False
@@ -409,7 +431,9 @@ class Tracer:
         self._pending_end_states = []
         if not final:
             self.training_steps += 1
-        if self._snapshots and self.sampled:
+        # Names are re-read now and then, not every step: module swaps are rare and
+        # a full walk of a large model is not free.
+        if self._snapshots and self.training_steps % REFRESH_EVERY_STEPS == 1:
             self._tls.busy = True
             try:
                 self.registry.refresh()

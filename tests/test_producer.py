@@ -314,3 +314,19 @@ def test_selected_torch_function_without_wrapper_uses_function_mode(tmp_path):
         optimizer.step()
     apis = {e.get("api") for _, e in _events(_batches(tmp_path)) if e["kind"] == "call"}
     assert apis == {"torch.matmul", "torch.optim.Optimizer.step"}
+
+
+def test_invariants_file_limits_snapshots_to_the_points_they_read(tmp_path):
+    from invariants.invariant_file import default_text
+
+    invariants = tmp_path / "inv.json"
+    invariants.write_text(default_text())
+    selection = load_selection(invariants)
+    assert selection.state_points is not None and "pre:torch.optim.Optimizer.step" in selection.state_points
+    traces = tmp_path / "t"
+    with producers.instrument(run_id="r-points", trace_dir=traces, selection=invariants):
+        _train(nn.Linear(3, 1), steps=2)
+    points = {e["at"] for _, e in _events(_batches(traces)) if e["kind"] == "state"}
+    assert points == set(selection.state_points)
+    apis = {e.get("api") for _, e in _events(_batches(traces)) if e["kind"] == "call"}
+    assert "torch.Tensor.backward" not in apis and "torch.nn.Module.forward" in apis
