@@ -125,6 +125,28 @@ class ParameterRegistry:
         return bool(self._by_id)
 
 
+_LAYOUTS: dict[tuple[torch.dtype, torch.Size], tuple[tuple[int, ...], str, int]] = {}
+_DEVICES: dict[torch.device, str] = {}
+
+
+def _layout(param: torch.Tensor) -> tuple[tuple[int, ...], str, int]:
+    """(shape, dtype name, numel), memoised: a snapshot builds these for every parameter."""
+    key = (param.dtype, param.shape)
+    found = _LAYOUTS.get(key)
+    if found is None:
+        found = (tuple(param.shape), str(param.dtype).removeprefix("torch."), int(param.numel()))
+        if len(_LAYOUTS) < 65536:
+            _LAYOUTS[key] = found
+    return found
+
+
+def _device_name(device: torch.device) -> str:
+    name = _DEVICES.get(device)
+    if name is None:
+        name = _DEVICES.setdefault(device, str(device))
+    return name
+
+
 def _norms(tensors: Sequence[torch.Tensor | None]) -> list[float | None]:
     """Euclidean norms of float tensors: one fused kernel and one host transfer per (device, dtype)."""
     results: list[float | None] = [None] * len(tensors)
@@ -174,13 +196,14 @@ def snapshot_attrs(
     results = []
     for index, entry in enumerate(entries):
         param = entry.param
+        shape, dtype, numel = _layout(param)
         attrs: dict[str, Any] = {
-            "shape": list(param.shape),
-            "dtype": str(param.dtype).removeprefix("torch."),
-            "device": str(param.device),
-            "requires_grad": bool(param.requires_grad),
-            "is_leaf": bool(param.is_leaf),
-            "numel": int(param.numel()),
+            "shape": list(shape),
+            "dtype": dtype,
+            "device": _device_name(param.device),
+            "requires_grad": param.requires_grad,
+            "is_leaf": param.is_leaf,
+            "numel": numel,
             "data_digest": data_digests[index],
             "grad_digest": grad_digests[index],
             "data_norm": data_norms[index],

@@ -330,3 +330,24 @@ def test_invariants_file_limits_snapshots_to_the_points_they_read(tmp_path):
     assert points == set(selection.state_points)
     apis = {e.get("api") for _, e in _events(_batches(traces)) if e["kind"] == "call"}
     assert "torch.Tensor.backward" not in apis and "torch.nn.Module.forward" in apis
+
+
+def test_torch_compiled_modules_are_skipped_gracefully(tmp_path, capsys):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch warns that global hooks fire for the wrapper too
+        with producers.instrument(run_id="r-compile", trace_dir=tmp_path) as session:
+            model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
+            compiled = torch.compile(model, backend="eager")
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            for _ in range(3):
+                optimizer.zero_grad()
+                compiled(torch.randn(2, 3)).sum().backward()
+                optimizer.step()
+            assert session.tracer.internal_errors == 0
+    assert capsys.readouterr().err.count("torch.compile'd regions nothing is recorded") == 1
+    batches = _batches(tmp_path)
+    assert [b["step"] for b in batches] == [0, 1, 2, 3]
+    pre = _states(batches, "pre:torch.optim.Optimizer.step")
+    assert all(len(pre[step]) == 4 for step in range(3)), "eager optimizer steps are still snapshotted"
