@@ -26,6 +26,9 @@ from .report import decode_violation, violation_line
 from .supervisor import CheckerProcess, TopicReader, metric
 
 EXIT_OK, EXIT_VIOLATIONS, EXIT_USAGE = 0, 1, 2
+#: A checker that has consumed nothing of the run this long after the command exited
+#: will not: the producers flush before the command's processes exit.
+NOTHING_SENT_AFTER_S = 5.0
 
 
 @dataclass
@@ -191,22 +194,31 @@ class WatchSession:
         argv += ["--", *o.command]
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", "1")
-        proc = subprocess.Popen(argv, env=env)
+        # Own process group: on Ctrl-C/SIGTERM the whole training tree is signalled at once.
+        proc = subprocess.Popen(argv, env=env, start_new_session=True)
         try:
             return proc.wait()
         except KeyboardInterrupt:
-            proc.send_signal(signal.SIGINT)
+            self._signal_group(proc, signal.SIGINT)
             try:
                 proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
-                proc.kill()
+                self._signal_group(proc, signal.SIGKILL)
                 proc.wait()
             raise
+
+    @staticmethod
+    def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
 
     def _drain(self, checker: CheckerProcess) -> bool:
         """Wait until the checker has consumed everything and closed this run's windows."""
         run = self.options.run_id
-        deadline = time.monotonic() + self.options.drain_timeout_s
+        started = time.monotonic()
+        deadline = started + self.options.drain_timeout_s
         stable_since: float | None = None
         last_checked = -1.0
         while time.monotonic() < deadline:
@@ -224,6 +236,8 @@ class WatchSession:
             open_windows = metric(samples, "trainwatch_open_windows")
             checked = metric(samples, "trainwatch_steps_checked_total", run=run)
             idle = lag_known and lag == 0 and open_windows == 0 and consumed > 0
+            if consumed == 0 and open_windows == 0 and time.monotonic() - started > NOTHING_SENT_AFTER_S:
+                break  # the command never streamed a batch for this run (e.g. it never imported torch)
             if idle and checked == last_checked:
                 stable_since = stable_since or time.monotonic()
                 if time.monotonic() - stable_since >= 0.5:

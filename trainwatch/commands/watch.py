@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
 EXIT_USAGE = 2
@@ -70,4 +71,13 @@ def run(args: argparse.Namespace) -> int:
         topic_prefix=args.topic_prefix,
         drain_timeout_s=args.drain_timeout,
     )
-    return WatchSession(options).run()
+    # SIGTERM (a CI timeout, a job scheduler) gets the same orderly teardown as Ctrl-C.
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        return WatchSession(options).run()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt

@@ -1,0 +1,101 @@
+"""`trainwatch watch` end to end: real torchrun training, real broker, real checker."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from stream_checkers.embedded_broker import free_port
+from stream_checkers.testing import iter_violations, metric, read_topic, scrape
+
+ROOT = Path(__file__).resolve().parents[1]
+DDP = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+       str(ROOT / "examples" / "ddp_gloo.py"), "--steps", "6"]
+
+
+def _watch(args: list[str], env: dict[str, str], timeout: float = 240) -> subprocess.CompletedProcess:
+    proc = subprocess.Popen([sys.executable, "-m", "trainwatch.cli", "watch", *args], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # watch tears its broker, checker and training down on SIGTERM
+        stdout, stderr = proc.communicate(timeout=60)
+        pytest.fail(f"watch timed out after {timeout}s: {stderr[-3000:]}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+class MetricsPoller(threading.Thread):
+    """Scrapes /metrics while watch runs (its checker is gone once watch exits)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.url = url
+        self.latest: dict[str, float] = {}
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(0.3):
+            try:
+                self.latest = scrape(self.url, timeout_s=2)
+            except OSError:
+                continue
+
+
+def test_watch_reports_a_cross_rank_divergence_on_topic_metrics_and_console(kafka_broker, clean_env):
+    port = free_port()
+    poller = MetricsPoller(f"http://127.0.0.1:{port}/metrics")
+    poller.start()
+    k = 3
+    try:
+        result = _watch(["--bootstrap", kafka_broker.bootstrap, "--metrics-port", str(port), "--run-id", "ddp-bug",
+                         "--", *DDP, "--perturb-rank", "1", "--perturb-step", str(k)], clean_env)
+    finally:
+        poller.done.set()
+        poller.join(5)
+    assert result.returncode == 1, result.stderr[-3000:]
+    lines = [line for line in result.stdout.splitlines() if line.startswith("VIOLATION")]
+    assert lines, result.stdout + result.stderr[-3000:]
+    assert any("[Consistent]" in line and "run=ddp-bug" in line for line in lines)
+    assert "run      ddp-bug" in result.stderr and "embedded" not in result.stderr
+    assert "violation(s)" in result.stderr.splitlines()[-1]
+
+    records = [v for v in iter_violations(read_topic(kafka_broker.bootstrap, "trainwatch.violations"))
+               if v["run"] == "ddp-bug" and v["relation"] == "Consistent"]
+    assert records and min(v["step"] for v in records) <= k + 1
+    samples = poller.latest
+    assert metric(samples, "trainwatch_violations_total", run="ddp-bug", relation="Consistent") >= 1
+    assert metric(samples, "trainwatch_first_violation_step", run="ddp-bug") <= k + 1
+    assert metric(samples, "trainwatch_steps_checked_total", run="ddp-bug") >= 6
+
+
+def test_watch_on_the_healthy_job_exits_0_with_an_embedded_broker_and_keeps_traces(tmp_path, clean_env):
+    traces = tmp_path / "traces"
+    result = _watch(["-o", str(traces), "--run-id", "ddp-ok", "--", *DDP], clean_env)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "VIOLATION" not in result.stdout
+    assert "embedded tansu broker" in result.stderr
+    summary = result.stderr.strip().splitlines()[-1]
+    assert "run ddp-ok" in summary and "no violation" in summary and "training exited 0" in summary
+    assert len(list(traces.glob("*.twtrace"))) == 2
+
+
+def test_watch_reports_a_failing_training_command(clean_env):
+    result = _watch(["--", sys.executable, "-c", "import sys; sys.exit(3)"], clean_env, timeout=120)
+    assert result.returncode == 2
+    assert "training FAILED with exit code 3" in result.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "no command given"),
+    (["-i", "/nonexistent/inv.json", "--", "true"], "does not exist"),
+])
+def test_watch_usage_errors(args, message, clean_env):
+    result = _watch(args, clean_env, timeout=60)
+    assert result.returncode == 2
+    assert message in result.stderr
