@@ -8,6 +8,10 @@ median step times is reported per workload, plus the cost of a digest per MB.
     python benchmarks/overhead.py                 # all workloads, default sizes
     python benchmarks/overhead.py --rounds 8 --steps 25 --json out.json
 
+Variants: ``default`` (curated API set, snapshots every step), ``sample10``
+(snapshots every 10th step) and ``selective`` (``-i`` the shipped default
+invariants: only the APIs and snapshot points they read).
+
 Step times include everything the producer adds to a step (hooks, wrapped calls,
 parameter snapshots with digests and norms, batch encoding and the trace write).
 """
@@ -123,30 +127,40 @@ def timed_block(step: Step, steps: int) -> list[float]:
     return times
 
 
-def measure(workload: Workload, rounds: int, steps: int, warmup: int, trace_root: Path) -> dict[str, float]:
+def variants(invariants_file: Path | None) -> dict[str, dict[str, object]]:
+    """Instrumentation settings compared against plain training."""
+    found: dict[str, dict[str, object]] = {"default": {}, "sample10": {"sample_every": 10}}
+    if invariants_file is not None:
+        found["selective"] = {"selection": invariants_file}
+    return found
+
+
+def measure(
+    workload: Workload, rounds: int, steps: int, warmup: int, trace_root: Path, settings: dict[str, dict[str, object]]
+) -> dict[str, dict[str, float]]:
     step = workload.make()
     for _ in range(warmup):
         step()
-    plain: list[float] = []
-    instrumented: list[float] = []
+    kinds = ["plain", *settings]
+    times: dict[str, list[float]] = {kind: [] for kind in kinds}
     for index in range(rounds):
-        # alternate which goes first so slow drifts of the machine do not favour one side
-        order = ("plain", "instrumented") if index % 2 == 0 else ("instrumented", "plain")
-        for kind in order:
+        # rotate the order so slow drifts of the machine favour no side
+        for kind in kinds[index % len(kinds):] + kinds[: index % len(kinds)]:
             if kind == "plain":
-                plain += timed_block(step, steps)
-            else:
-                with producers.instrument(run_id=f"bench-{workload.name}-{index}", trace_dir=trace_root / workload.name):
-                    step()  # the first instrumented step discovers roots and names: not timed
-                    instrumented += timed_block(step, steps)
-    plain_median = statistics.median(plain)
-    instrumented_median = statistics.median(instrumented)
-    return {
-        "plain_ms": plain_median * 1e3,
-        "instrumented_ms": instrumented_median * 1e3,
-        "ratio": instrumented_median / plain_median,
-        "added_ms": (instrumented_median - plain_median) * 1e3,
-    }
+                times[kind] += timed_block(step, steps)
+                continue
+            with producers.instrument(
+                run_id=f"bench-{workload.name}-{kind}-{index}", trace_dir=trace_root / workload.name, quiet=True,
+                **settings[kind],
+            ):
+                step()  # the first instrumented step discovers roots and names: not timed
+                times[kind] += timed_block(step, steps)
+    plain = statistics.median(times["plain"])
+    rows = {"plain": {"median_ms": plain * 1e3}}
+    for kind in settings:
+        median = statistics.median(times[kind])
+        rows[kind] = {"median_ms": median * 1e3, "ratio": median / plain, "added_ms": (median - plain) * 1e3}
+    return rows
 
 
 def digest_cost(megabytes: int, repeats: int) -> dict[str, float]:
@@ -181,16 +195,23 @@ def main() -> None:
 
     results: dict[str, object] = {"torch": torch.__version__, "threads": torch.get_num_threads(), "workloads": {}}
     with tempfile.TemporaryDirectory(prefix="trainwatch-bench-") as tmp:
+        invariants_file = Path(tmp) / "default-invariants.json"
+        try:
+            from invariants.invariant_file import default_text
+
+            invariants_file.write_text(default_text())
+        except ImportError:
+            invariants_file = None  # type: ignore[assignment]
+        settings = variants(invariants_file)
         for workload in WORKLOADS:
             if args.only and workload.name not in args.only:
                 continue
-            row = measure(workload, args.rounds, args.steps, args.warmup, Path(tmp))
-            results["workloads"][workload.name] = row  # type: ignore[index]
-            print(
-                f"{workload.name:18s} plain {row['plain_ms']:8.2f} ms  instrumented {row['instrumented_ms']:8.2f} ms  "
-                f"ratio {row['ratio']:.3f}  (+{row['added_ms']:.2f} ms/step)  [{workload.description}]",
-                flush=True,
+            rows = measure(workload, args.rounds, args.steps, args.warmup, Path(tmp), settings)
+            results["workloads"][workload.name] = rows  # type: ignore[index]
+            cells = "  ".join(
+                f"{kind} x{row['ratio']:.3f} (+{row['added_ms']:.2f} ms)" for kind, row in rows.items() if kind != "plain"
             )
+            print(f"{workload.name:18s} plain {rows['plain']['median_ms']:8.2f} ms  {cells}", flush=True)
     digest = digest_cost(args.digest_mb, repeats=5)
     results["digest"] = digest
     print("digest cost: " + ", ".join(f"{k} {v:.3f}" for k, v in digest.items()))

@@ -26,7 +26,7 @@ def instrument(*args: Any, **kwargs: Any) -> Any:
     """Context manager: instrument the block and yield its `Session`.
 
     ``instrument(run_id=None, trace_dir=None, bootstrap=None, selection=None,
-    sample_every=1)``: with neither ``trace_dir`` nor ``bootstrap`` the trace goes to
+    sample_every=1, quiet=False)``: with neither ``trace_dir`` nor ``bootstrap`` the trace goes to
     ``./traces/<run_id>``.  ``selection`` is None (curated default), a path (``-i``
     file) or an iterable of API names.
     """

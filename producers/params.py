@@ -20,6 +20,8 @@ from typing import Any, Iterable, Sequence
 import torch
 
 from .digest import skip_reason, tensor_digests
+from .summaries import device_name as _device_name
+from .summaries import tensor_layout as _layout
 
 PARAMETER_VTYPE = "torch.nn.Parameter"
 
@@ -123,28 +125,6 @@ class ParameterRegistry:
     @property
     def has_parameters(self) -> bool:
         return bool(self._by_id)
-
-
-_LAYOUTS: dict[tuple[torch.dtype, torch.Size], tuple[tuple[int, ...], str, int]] = {}
-_DEVICES: dict[torch.device, str] = {}
-
-
-def _layout(param: torch.Tensor) -> tuple[tuple[int, ...], str, int]:
-    """(shape, dtype name, numel), memoised: a snapshot builds these for every parameter."""
-    key = (param.dtype, param.shape)
-    found = _LAYOUTS.get(key)
-    if found is None:
-        found = (tuple(param.shape), str(param.dtype).removeprefix("torch."), int(param.numel()))
-        if len(_LAYOUTS) < 65536:
-            _LAYOUTS[key] = found
-    return found
-
-
-def _device_name(device: torch.device) -> str:
-    name = _DEVICES.get(device)
-    if name is None:
-        name = _DEVICES.setdefault(device, str(device))
-    return name
 
 
 def _norms(tensors: Sequence[torch.Tensor | None]) -> list[float | None]:

@@ -231,6 +231,7 @@ def instrument(
     bootstrap: str | None = None,
     selection: Any = None,
     sample_every: int = 1,
+    quiet: bool = False,
 ) -> Iterator[Session]:
     """Instrument the training code in the ``with`` block; see `producers` for details."""
     from .config import make_run_id
@@ -254,6 +255,7 @@ def instrument(
         bootstrap=bootstrap,
         selection=chosen,
         sample_every=sample_every,
+        quiet=quiet,
     ).with_defaults()
     session = Session(config)
     try:

@@ -21,21 +21,45 @@ MAX_DEPTH = 2
 NameLookup = Callable[[torch.Tensor], "str | None"]
 
 
+_LAYOUTS: dict[tuple[torch.dtype, torch.Size], tuple[tuple[int, ...], str, int]] = {}
+_DEVICES: dict[torch.device, str] = {}
+
+
+def tensor_layout(tensor: torch.Tensor) -> tuple[tuple[int, ...], str, int]:
+    """(shape, dtype name, numel), memoised: built for every recorded tensor."""
+    key = (tensor.dtype, tensor.shape)
+    found = _LAYOUTS.get(key)
+    if found is None:
+        found = (tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."), int(tensor.numel()))
+        if len(_LAYOUTS) < 65536:  # bounded: a model has few distinct shapes
+            _LAYOUTS[key] = found
+    return found
+
+
+def device_name(device: torch.device) -> str:
+    name = _DEVICES.get(device)
+    if name is None:
+        name = _DEVICES.setdefault(device, str(device))
+    return name
+
+
 def summarize_tensor(tensor: torch.Tensor, name_of: NameLookup | None = None) -> dict[str, Any]:
+    shape, dtype, numel = tensor_layout(tensor)
+    device = tensor.device
     summary: dict[str, Any] = {
         "T": "tensor",
-        "shape": list(tensor.shape),
-        "dtype": str(tensor.dtype).removeprefix("torch."),
-        "device": str(tensor.device),
-        "requires_grad": bool(tensor.requires_grad),
+        "shape": list(shape),
+        "dtype": dtype,
+        "device": device_name(device),
+        "requires_grad": tensor.requires_grad,
     }
-    if isinstance(tensor, torch.nn.Parameter):
+    if type(tensor) is torch.nn.Parameter:
         summary["param"] = True
     if name_of is not None:
         name = name_of(tensor)
         if name is not None:
             summary["name"] = name
-    if tensor.numel() == 1 and tensor.device.type == "cpu" and not tensor.is_meta:
+    if numel == 1 and device.type == "cpu" and not tensor.is_meta:
         try:
             summary["value"] = tensor.detach().reshape(()).item()
         except (RuntimeError, ValueError):  # fake/functional tensors have no value
