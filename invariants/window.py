@@ -139,7 +139,9 @@ class WindowState:
                     elif "ret" in event:
                         fact["ret"] = event["ret"]
             elif kind == "state":
-                at = event.get("at") or ""
+                at = event.get("at")
+                if not isinstance(at, str):
+                    at = ""
                 if points is not None and at not in points:
                     continue
                 raw = event.get("attrs") or {}
@@ -151,8 +153,14 @@ class WindowState:
                         if k in raw:
                             kept[k] = raw[k]
                 kept["stage"] = event.get("stage", "")
-                if "vtype" in event:
+                if isinstance(event.get("vtype"), str):
                     kept["vtype"] = event["vtype"]
+                for name in ("mtype", "dtype", "module"):
+                    if name in kept and not isinstance(kept[name], str):
+                        del kept[name]
+                for name in ("requires_grad", "is_leaf"):
+                    if name in kept and not isinstance(kept[name], bool):
+                        del kept[name]
                 cid = event.get("cid")
                 call_key = "-" if cid is None else f"{event.get('pid', 0)}:{cid}"
                 states.setdefault(at, {}).setdefault(call_key, {})[event["name"]] = kept
@@ -182,8 +190,9 @@ class WindowState:
             "o": [order[0], order[1]],
             "done": event["phase"] != "pre",
         }
-        for name in ("module", "mtype", "training"):
-            if name in event:
+        # optional fields of the wrong type are "unknown", like missing ones
+        for name, kind in (("module", str), ("mtype", str), ("training", bool)):
+            if isinstance(event.get(name), kind):
                 fact[name] = event[name]
         ctx = event.get("ctx")
         if isinstance(ctx, dict):

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from invariants.engine import Engine, RunState, StepWindows
-from invariants.inference import infer
+from invariants.inference import Inferencer, infer
 from invariants.invariant_set import InvariantSet
 from invariants.model import Invariant, Violation
 from invariants.synthetic import Fault, SyntheticRun
@@ -196,3 +196,37 @@ def test_step_windows_snapshot_restore_mid_stream_changes_nothing(seed, cut):
         found.extend(second.feed(batch))
     found.extend(second.finish())
     assert sorted((v.to_dict() for v in found), key=lambda d: (d["run"], d["step"], d["invariant"])) == expected
+
+
+odd_values = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.floats(allow_nan=True), st.text(max_size=3),
+                       st.lists(st.integers(0, 3), max_size=2), st.dictionaries(st.text(max_size=2), st.integers(0, 2), max_size=2))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_contract_valid_but_odd_events_never_crash_the_engine(data):
+    """Optional fields with unexpected types or missing are 'unknown', never an exception."""
+    invariant_set = learned_set()
+    batches = list(SyntheticRun(run="odd", world=2, steps=2).batches())
+    for batch in batches:
+        for event in batch["events"]:
+            if data.draw(st.integers(0, 9)) == 0:
+                for key in data.draw(st.lists(st.sampled_from(
+                        ["args", "ret", "ctx", "parent", "module", "mtype", "training", "at", "vtype", "api", "cid_extra"]), max_size=3)):
+                    if data.draw(st.booleans()):
+                        event.pop(key, None)
+                    else:
+                        event[key] = data.draw(odd_values)
+            if event["kind"] == "state" and data.draw(st.integers(0, 9)) == 0:
+                attr = data.draw(st.sampled_from(["data_digest", "grad_digest", "grad_norm", "data_norm", "numel", "shape",
+                                                  "mtype", "dtype", "requires_grad"]))
+                event["attrs"][attr] = data.draw(odd_values)
+    windows = StepWindows(Engine(invariant_set))
+    for batch in batches:
+        windows.feed(batch)
+    for violation in windows.finish():
+        assert isinstance(violation.to_dict(), dict)
+        msgpack.packb(violation.to_dict(), use_bin_type=True, default=str)
+    inferencer = Inferencer()
+    inferencer.add_trace(batches)
+    inferencer.finish()
