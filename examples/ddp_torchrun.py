@@ -38,8 +38,11 @@ def main() -> None:
         loss = F.mse_loss(model(x), x @ target)
         loss.backward()
         optimizer.step()
+        mean_loss = loss.detach().clone()  # the loss averaged over ranks, for logging
+        dist.all_reduce(mean_loss, op=dist.ReduceOp.SUM)
+        mean_loss /= world
         if rank == 0 and step % 5 == 0:
-            print(f"step {step} loss {loss.item():.4f} world {world}", flush=True)
+            print(f"step {step} loss {mean_loss.item():.4f} world {world}", flush=True)
     dist.destroy_process_group()
 
 

@@ -40,6 +40,7 @@ class TinyGPT(nn.Module):
         self.ln_f = nn.LayerNorm(WIDTH)
         self.head = nn.Linear(WIDTH, VOCAB, bias=False)
         self.head.weight = self.tok.weight  # weight tying
+        nn.init.normal_(self.tok.weight, std=0.02)  # GPT-2 initialisation; keeps tied logits small
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         length = idx.shape[1]
@@ -48,6 +49,22 @@ class TinyGPT(nn.Module):
         for block in self.blocks:
             x = block(x, mask)
         return self.head(self.ln_f(x))
+
+
+class GreedySampler(nn.Module):
+    """Greedy continuation for monitoring samples; returns only the new token ids."""
+
+    def __init__(self, lm: TinyGPT) -> None:
+        super().__init__()
+        self.lm = lm
+
+    @torch.no_grad()
+    def forward(self, prompt: torch.Tensor, max_new_tokens: int = 8) -> torch.Tensor:
+        sequence = prompt
+        for _ in range(max_new_tokens):
+            context = sequence[:, -CONTEXT:]
+            sequence = torch.cat([sequence, self.lm(context)[:, -1].argmax(dim=-1, keepdim=True)], dim=1)
+        return sequence[:, prompt.shape[1]:]
 
 
 def main() -> None:
@@ -73,8 +90,14 @@ def main() -> None:
         optimizer, lambda s: min(1.0, (s + 1) / args.warmup) * 0.5 * (1 + math.cos(math.pi * s / max(1, args.steps)))
     )
 
+    sampler = GreedySampler(model)
     model.train()
     for step in range(args.steps):
+        if step % 3 == 2:  # look at a sample now and then
+            sampler.eval()
+            sample = sampler(corpus[:2, :4], max_new_tokens=6)
+            sampler.train()
+            print(f"step {step} sample {sample[0].tolist()}", flush=True)
         batch = corpus[torch.randint(0, corpus.shape[0], (16,), generator=generator)]
         logits = model(batch[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, VOCAB), batch[:, 1:].reshape(-1))

@@ -56,12 +56,12 @@ def main() -> None:
     optimizer = torch.optim.Adam(lm.parameters(), lr=5e-3)
 
     for step in range(args.steps):
-        lm.eval()
+        sampler.eval()
         sampler.prompt_budget_bug = bug_active(args, step)
         prompt_length = 4 if step >= args.onset else 1
         prompt = torch.randint(0, VOCAB, (2, prompt_length), generator=generator)
         sample = sampler(prompt, max_new_tokens=6)
-        lm.train()
+        sampler.train()
         start = torch.randint(0, VOCAB, (16, 1), generator=generator)
         tokens = (start + 5 * torch.arange(10)) % VOCAB
         optimizer.zero_grad()

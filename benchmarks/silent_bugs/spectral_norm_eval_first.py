@@ -2,7 +2,8 @@
 
 ``torch.nn.utils.spectral_norm`` starts from random singular-vector estimates and only
 refines them by power iteration in training-mode forwards. A GAN discriminator grows a
-new spectrally-normalised layer at the onset; the buggy run scores a sanity batch with
+new spectrally-normalised layer at the onset (built, like every layer, when the model is
+constructed, and switched on at the onset); the buggy run scores a sanity batch with
 the discriminator in ``eval()`` before the new layer ever ran in training mode, so that
 forward divides by a sigma estimated from random vectors (the layer's effective
 spectral norm is not 1). The healthy twin warms the new layer up with a training-mode
@@ -26,18 +27,18 @@ class Discriminator(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.body = nn.Sequential(nn.utils.spectral_norm(nn.Linear(2, 32)), nn.LeakyReLU(0.2))
-        self.grown = nn.ModuleList()
+        self.grown = nn.utils.spectral_norm(nn.Linear(32, 32))  # joins the network later
+        self.grown_active = False
         self.head = nn.Linear(32, 1)
 
     def grow(self) -> nn.Module:
-        layer = nn.utils.spectral_norm(nn.Linear(32, 32))
-        self.grown.append(layer)
-        return layer
+        self.grown_active = True
+        return self.grown
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.body(x)
-        for layer in self.grown:
-            h = F.leaky_relu(layer(h), 0.2)
+        if self.grown_active:
+            h = F.leaky_relu(self.grown(h), 0.2)
         return self.head(h)
 
 
@@ -49,7 +50,8 @@ def main() -> None:
     args = parse_args(__doc__)
     generator = torch.Generator().manual_seed(args.seed)
     disc = Discriminator()
-    optimizer = torch.optim.Adam(disc.parameters(), lr=1e-3, betas=(0.5, 0.999))
+    active = [p for name, p in disc.named_parameters() if not name.startswith("grown.")]
+    optimizer = torch.optim.Adam(active, lr=1e-3, betas=(0.5, 0.999))
 
     disc.train()
     for step in range(args.steps):

@@ -1,10 +1,12 @@
 """Tied input/output embeddings silently untied (the Transformers family of reports where
 ``resize_token_embeddings`` or a checkpoint load replaced one side of a tied pair).
 
-The LM ties ``head.weight`` to ``embed.weight``. At the onset the vocabulary is resized
-by building a new embedding; the healthy twin re-ties the head to it, the buggy run
-copies the weights into a fresh head instead, so from then on the two matrices receive
-different updates and drift apart while the loss keeps falling.
+The LM ties ``head.weight`` to ``embed.weight``. At the onset training restarts from a
+checkpoint. The healthy twin restores it in place (``load_state_dict``); the buggy
+restore helper assigns fresh ``Parameter`` objects (``assign=True``), one per state-dict
+key — and a state dict holds a tied tensor under both names, so the pair comes back as
+two independent matrices that receive different updates and drift apart while the loss
+keeps falling.
 """
 
 from __future__ import annotations
@@ -26,19 +28,6 @@ class TiedLM(nn.Module):
         self.head = nn.Linear(WIDTH, VOCAB, bias=False)
         self.head.weight = self.embed.weight
 
-    def resize_token_embeddings(self, size: int, retie: bool) -> None:
-        old = self.embed.weight.data
-        self.embed = nn.Embedding(size, WIDTH)
-        with torch.no_grad():
-            self.embed.weight[: old.shape[0]] = old[:size]
-        if retie:
-            self.head = nn.Linear(WIDTH, size, bias=False)
-            self.head.weight = self.embed.weight
-        else:
-            self.head = nn.Linear(WIDTH, size, bias=False)
-            with torch.no_grad():
-                self.head.weight.copy_(self.embed.weight)
-
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.head(self.mix(self.embed(tokens)))
 
@@ -48,11 +37,12 @@ def main() -> None:
     generator = torch.Generator().manual_seed(args.seed)
     model = TiedLM()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    checkpoint = {name: value.clone() for name, value in model.state_dict().items()}
 
     model.train()
     for step in range(args.steps):
         if step == args.onset:
-            model.resize_token_embeddings(VOCAB, retie=not bug_active(args, step))
+            model.load_state_dict(checkpoint, assign=bug_active(args, step))
             optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
         tokens = torch.randint(0, VOCAB, (16, 6), generator=generator)
         optimizer.zero_grad()

@@ -1,0 +1,91 @@
+"""Thin wrappers around the ``trainwatch`` command line, as a user would run it.
+
+The benchmark drives trainwatch through its public CLI (DESIGN §5) rather than its
+Python internals, so that it measures what users get and breaks when the contract does.
+Every child runs with one OpenMP thread and without leaked ``TRAINWATCH_*`` settings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+REPO = Path(__file__).resolve().parents[2]
+TRAINWATCH = (sys.executable, "-m", "trainwatch.cli")
+
+
+def child_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINWATCH_")}
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH", "")]))
+    return env
+
+
+@dataclass
+class CollectResult:
+    trace_dir: Path
+    returncode: int
+    seconds: float
+    output_tail: str = ""
+
+
+@dataclass
+class CheckResult:
+    exit_code: int
+    report: dict[str, Any] = field(default_factory=dict)
+    error: str = ""
+
+    @property
+    def violations(self) -> list[dict[str, Any]]:
+        return list(self.report.get("violations", []))
+
+    @property
+    def invariants_checked(self) -> int:
+        return int(self.report.get("summary", {}).get("invariants_checked", 0))
+
+    @property
+    def violated_invariants(self) -> set[str]:
+        return {v["invariant"] for v in self.violations}
+
+
+def collect(command: Sequence[str], trace_dir: Path, run_id: str, timeout_s: float = 180.0) -> CollectResult:
+    """Run one training command under ``trainwatch collect``; a stale trace dir is replaced."""
+    if trace_dir.exists():
+        for stale in trace_dir.iterdir():
+            stale.unlink()
+    trace_dir.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    try:
+        proc = subprocess.run(
+            [*TRAINWATCH, "collect", "-o", str(trace_dir), "--run-id", run_id, "--", *command],
+            cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=timeout_s,
+        )
+        code, output = proc.returncode, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as exc:
+        code, output = 124, f"timed out after {timeout_s:.0f}s: {exc}"
+    return CollectResult(trace_dir, code, time.monotonic() - started, output[-2000:])
+
+
+def infer(trace_dirs: Sequence[Path], output: Path, timeout_s: float = 600.0) -> None:
+    proc = subprocess.run(
+        [*TRAINWATCH, "infer", *map(str, trace_dirs), "-o", str(output)],
+        cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=timeout_s,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"trainwatch infer failed ({proc.returncode}): {proc.stderr.strip()[-500:]}")
+
+
+def check(trace_dir: Path, report_path: Path, invariants: Path | None = None, timeout_s: float = 300.0) -> CheckResult:
+    """``trainwatch check``; ``invariants=None`` means the shipped default set."""
+    selection = ["-i", str(invariants)] if invariants is not None else []
+    command = [*TRAINWATCH, "check", *selection, str(trace_dir), "--report-json", str(report_path)]
+    proc = subprocess.run(command, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=timeout_s)
+    if proc.returncode not in (0, 1):
+        return CheckResult(proc.returncode, error=proc.stderr.strip()[-500:])
+    return CheckResult(proc.returncode, json.loads(report_path.read_text(encoding="utf-8")))
