@@ -3,10 +3,15 @@
 ``form = "constant"``       ``{"form": "constant", "api": "torch.nn.functional.linear",
     "prop": "dtype", "value": "torch.bfloat16"}`` if ``ctx.autocast = "torch.bfloat16"``
     — the output dtype under autocast; broken when autocast is silently dropped.
-``form = "same_as_input"``  ``{"form": "same_as_input", "api": "torch.nn.functional.relu",
-    "arg": "input", "prop": "shape"}`` — shape-preserving operations.
+``form = "same_as_input"``  ``{"form": "same_as_input", "api": "torch.nn.Module.forward",
+    "mtype": "Preprocessor", "arg": "0", "prop": "batch"}`` — shape-, dtype- or
+    batch-size-preserving calls (``batch`` = leading dimension); broken by a
+    preprocessing step that silently collapses a batch.
 ``form = "bounded"``        ``{"form": "bounded", "api": "generate", "arg": "max_new_tokens",
     "out": "len"}`` — a numeric output never exceeds the argument that limits it.
+
+Calls of ``torch.nn.Module.forward`` are keyed by module type (``mtype``): a rule about
+a ``Preprocessor`` says nothing about a ``Conv2d``.
 """
 
 from __future__ import annotations
@@ -17,8 +22,17 @@ from ..window import FactPlan
 from .base import Site, Template, WindowView, freeze, is_scalar, lazy, thaw
 
 CONSTANT_PROPS = ("dtype",)
-INPUT_PROPS = ("shape", "dtype")
+#: ``batch`` is the leading dimension: preprocessing may pad or crop, never drop samples
+INPUT_PROPS = ("shape", "dtype", "batch")
 BOUND_WORDS = ("max", "limit")
+
+
+def _prop(summary: dict[str, Any], prop: str) -> Any:
+    if prop == "batch":
+        shape = summary.get("shape")
+        return shape[0] if isinstance(shape, list) and shape and isinstance(shape[0], int) else None
+    value = summary.get(prop)
+    return value if value is None or is_scalar(value) else freeze(value)
 
 
 def _numeric_outputs(ret: Any) -> dict[str, float]:
@@ -51,30 +65,37 @@ class APIOutput(Template):
                 api = call["api"]
                 if wanted is not None and api not in wanted:
                     continue
+                # module forwards differ by module type: a rule is about one type
+                mtype = call.get("mtype") or ""
                 ret = call["ret"]
+                stage = call.get("stage", "")
                 record = lazy(lambda call=call, rank=rank: [view.call_record(call, rank)])
                 if isinstance(ret, dict):
                     for prop in CONSTANT_PROPS:
                         value = ret.get(prop)
-                        family = ("constant", api, prop)
+                        family = ("constant", api, mtype, prop)
                         if value is None or not is_scalar(value) or (families is not None and family not in families):
                             continue
-                        yield Site(family, frozenset([value]), record, [rank], call.get("stage", ""),
-                                   {"call": call["key"], "observed": value})
+                        yield Site(family, frozenset([value]), record, [rank], stage,
+                                   {"call": call["key"], "module": call.get("module"), "observed": value})
                 args = call.get("args") or {}
                 if isinstance(ret, dict):
                     for arg_name, arg in args.items():
                         if not isinstance(arg, dict):
                             continue
                         for prop in INPUT_PROPS:
-                            family = ("same_as_input", api, arg_name, prop)
-                            if prop not in arg or prop not in ret or (families is not None and family not in families):
+                            family = ("same_as_input", api, mtype, arg_name, prop)
+                            if families is not None and family not in families:
                                 continue
-                            holds = arg[prop] == ret[prop]
+                            before, after = _prop(arg, prop), _prop(ret, prop)
+                            if before is None or after is None:
+                                continue
+                            holds = before == after
                             if holds and families is not None:
                                 continue
-                            yield Site(family, holds, record, [rank], call.get("stage", ""),
-                                       {} if holds else {"call": call["key"], "input": arg[prop], "output": ret[prop]})
+                            yield Site(family, holds, record, [rank], stage,
+                                       {} if holds else {"call": call["key"], "module": call.get("module"),
+                                                         "input": before, "output": after})
                 outputs = _numeric_outputs(ret)
                 if outputs:
                     for arg_name, limit in args.items():
@@ -83,30 +104,38 @@ class APIOutput(Template):
                         if not isinstance(limit, (int, float)) or isinstance(limit, bool):
                             continue
                         for out_name, out_value in outputs.items():
-                            family = ("bounded", api, arg_name, out_name)
+                            family = ("bounded", api, mtype, arg_name, out_name)
                             if families is not None and family not in families:
                                 continue
                             holds = out_value <= limit
                             if holds and families is not None:
                                 continue
-                            yield Site(family, holds, record, [rank], call.get("stage", ""),
+                            yield Site(family, holds, record, [rank], stage,
                                        {} if holds else {"call": call["key"], "limit": limit, out_name: out_value})
 
     def params(self, family: tuple, value: Any) -> dict[str, Any]:
-        if family[0] == "constant":
-            return {"form": "constant", "api": family[1], "prop": family[2], "value": thaw(value)}
-        if family[0] == "same_as_input":
-            return {"form": "same_as_input", "api": family[1], "arg": family[2], "prop": family[3]}
-        return {"form": "bounded", "api": family[1], "arg": family[2], "out": family[3]}
+        form, api, mtype = family[0], family[1], family[2]
+        if form == "constant":
+            params = {"form": "constant", "api": api, "prop": family[3], "value": thaw(value)}
+        elif form == "same_as_input":
+            params = {"form": "same_as_input", "api": api, "arg": family[3], "prop": family[4]}
+        else:
+            params = {"form": "bounded", "api": api, "arg": family[3], "out": family[4]}
+        if mtype:
+            params["mtype"] = mtype
+        return params
 
     def key(self, params: Mapping[str, Any]) -> tuple[tuple, Any]:
         form = params["form"]
+        api, mtype = str(params["api"]), str(params.get("mtype") or "")
         if form == "constant":
-            return ("constant", str(params["api"]), str(params["prop"])), freeze(params["value"])
+            return ("constant", api, mtype, str(params["prop"])), freeze(params["value"])
         if form == "same_as_input":
-            return ("same_as_input", str(params["api"]), str(params["arg"]), str(params["prop"])), None
+            if params["prop"] not in INPUT_PROPS:
+                raise ValueError("prop")
+            return ("same_as_input", api, mtype, str(params["arg"]), str(params["prop"])), None
         if form == "bounded":
-            return ("bounded", str(params["api"]), str(params["arg"]), str(params["out"])), None
+            return ("bounded", api, mtype, str(params["arg"]), str(params["out"])), None
         raise ValueError("form")
 
     def needs(self, params: Mapping[str, Any]) -> FactPlan:
@@ -115,11 +144,13 @@ class APIOutput(Template):
 
     def describe(self, params: Mapping[str, Any]) -> str:
         form = params["form"]
+        api = f"{params['api']} of a {params['mtype']}" if params.get("mtype") else params["api"]
         if form == "constant":
-            return f"the output {params['prop']} of {params['api']} is {params['value']!r}"
+            return f"the output {params['prop']} of {api} is {params['value']!r}"
         if form == "same_as_input":
-            return f"the output {params['prop']} of {params['api']} equals the {params['prop']} of its argument {params['arg']!r}"
-        return f"the output {params['out']} of {params['api']} never exceeds its argument {params['arg']!r}"
+            what = "batch size (leading dimension)" if params["prop"] == "batch" else params["prop"]
+            return f"the output {what} of {api} equals the {what} of its argument {params['arg']!r}"
+        return f"the output {params['out']} of {api} never exceeds its argument {params['arg']!r}"
 
     def hint(self, params: Mapping[str, Any]) -> str:
         if params["form"] == "constant":
