@@ -12,7 +12,9 @@ Variants: ``default`` (curated API set, snapshots every step), ``sample10``
 (snapshots every 10th step) and ``selective`` (``-i`` the shipped default
 invariants: only the APIs and snapshot points they read).
 
-Step times include everything the producer adds to a step (hooks, wrapped calls,
+Ratios are of median CPU time of the training thread per step (robust on a shared
+machine); wall-clock ratios are printed next to them.  Step times include
+everything the producer adds to a step (hooks, wrapped calls,
 parameter snapshots with digests and norms, batch encoding and the trace write).
 """
 
@@ -118,12 +120,18 @@ WORKLOADS = [
 ]
 
 
-def timed_block(step: Step, steps: int) -> list[float]:
+def timed_block(step: Step, steps: int) -> list[tuple[float, float]]:
+    """(thread CPU seconds, wall seconds) per step.
+
+    CPU time of the training thread is the primary measure: with one intra-op thread
+    all of a CPU step runs on it, and unlike wall time it does not move when other
+    processes compete for the cores of a shared machine.
+    """
     times = []
     for _ in range(steps):
-        start = time.perf_counter()
+        cpu_start, wall_start = time.thread_time(), time.perf_counter()
         step()
-        times.append(time.perf_counter() - start)
+        times.append((time.thread_time() - cpu_start, time.perf_counter() - wall_start))
     return times
 
 
@@ -142,7 +150,7 @@ def measure(
     for _ in range(warmup):
         step()
     kinds = ["plain", *settings]
-    times: dict[str, list[float]] = {kind: [] for kind in kinds}
+    times: dict[str, list[tuple[float, float]]] = {kind: [] for kind in kinds}
     for index in range(rounds):
         # rotate the order so slow drifts of the machine favour no side
         for kind in kinds[index % len(kinds):] + kinds[: index % len(kinds)]:
@@ -155,11 +163,21 @@ def measure(
             ):
                 step()  # the first instrumented step discovers roots and names: not timed
                 times[kind] += timed_block(step, steps)
-    plain = statistics.median(times["plain"])
-    rows = {"plain": {"median_ms": plain * 1e3}}
+
+    def medians(kind: str) -> tuple[float, float]:
+        return statistics.median(t[0] for t in times[kind]), statistics.median(t[1] for t in times[kind])
+
+    plain_cpu, plain_wall = medians("plain")
+    rows = {"plain": {"cpu_ms": plain_cpu * 1e3, "wall_ms": plain_wall * 1e3}}
     for kind in settings:
-        median = statistics.median(times[kind])
-        rows[kind] = {"median_ms": median * 1e3, "ratio": median / plain, "added_ms": (median - plain) * 1e3}
+        cpu, wall = medians(kind)
+        rows[kind] = {
+            "cpu_ms": cpu * 1e3,
+            "wall_ms": wall * 1e3,
+            "ratio": cpu / plain_cpu,
+            "wall_ratio": wall / plain_wall,
+            "added_ms": (cpu - plain_cpu) * 1e3,
+        }
     return rows
 
 
@@ -209,9 +227,11 @@ def main() -> None:
             rows = measure(workload, args.rounds, args.steps, args.warmup, Path(tmp), settings)
             results["workloads"][workload.name] = rows  # type: ignore[index]
             cells = "  ".join(
-                f"{kind} x{row['ratio']:.3f} (+{row['added_ms']:.2f} ms)" for kind, row in rows.items() if kind != "plain"
+                f"{kind} x{row['ratio']:.3f} (+{row['added_ms']:.2f} ms; wall x{row['wall_ratio']:.3f})"
+                for kind, row in rows.items()
+                if kind != "plain"
             )
-            print(f"{workload.name:18s} plain {rows['plain']['median_ms']:8.2f} ms  {cells}", flush=True)
+            print(f"{workload.name:18s} plain {rows['plain']['cpu_ms']:8.2f} ms  {cells}", flush=True)
     digest = digest_cost(args.digest_mb, repeats=5)
     results["digest"] = digest
     print("digest cost: " + ", ".join(f"{k} {v:.3f}" for k, v in digest.items()))

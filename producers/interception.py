@@ -139,6 +139,8 @@ def _make_call_wrapper(tracer: Tracer, spec: WrapSpec, on_post: Callable[[], Non
                         elif isinstance(args[0], torch.optim.Optimizer):
                             optimizer = args[0]
                             tracer.registry.add_optimizer(optimizer)
+                        elif isinstance(args[0], torch.autocast):
+                            call_args.update(_autocast_args(args[0]))
                     else:
                         name = function_name
                     token = tracer.begin_call(
@@ -165,6 +167,16 @@ def _make_call_wrapper(tracer: Tracer, spec: WrapSpec, on_post: Callable[[], Non
         return wrapper
 
     return make
+
+
+def _autocast_args(context: Any) -> dict[str, Any]:
+    """What an autocast region asks for (the object itself summarises to nothing useful)."""
+    dtype = getattr(context, "fast_dtype", None)
+    return {
+        "device_type": getattr(context, "device", None),
+        "dtype": str(dtype).removeprefix("torch.") if dtype is not None else None,
+        "enabled": bool(getattr(context, "_enabled", True)),
+    }
 
 
 class _RecordingMode(TorchFunctionMode):

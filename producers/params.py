@@ -59,6 +59,10 @@ class ParameterRegistry:
             self._index_root(root, len(self._roots) - 1)
         return paths
 
+    def is_model_root(self, module: torch.nn.Module) -> bool:
+        """A root that owns parameters (a model, not a loss or activation module)."""
+        return id(module) in self._root_ids
+
     def add_optimizer(self, optimizer: torch.optim.Optimizer) -> int:
         index = self._optimizer_ids.get(id(optimizer))
         if index is None:

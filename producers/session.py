@@ -141,7 +141,7 @@ class Session:
     def close_worker(self) -> None:
         """End of a DataLoader worker: deliver its one batch, no summary."""
         self.tracer.enabled = False
-        self.recorder.close_sinks(min(self.config.flush_timeout_s, 2.0))
+        self.recorder.close_sinks(min(self.config.flush_timeout_s, 1.0))
         if self.recorder.counters.batches:
             self._write_stats(role="worker")
 

@@ -307,8 +307,11 @@ class Tracer:
             tls.depth = depth + 1
             if depth == 0:
                 tls.root_paths = self.registry.add_root(module)
-                self._root_ref = weakref.ref(module)
-                self._set_auto_stage("train" if module.training else "eval")
+                # Only roots with parameters (models) decide the stage: a loss module
+                # called at top level in a validation loop is always in training mode.
+                if self.registry.is_model_root(module):
+                    self._root_ref = weakref.ref(module)
+                    self._set_auto_stage("train" if module.training else "eval")
             if not self._record_forward:
                 tls.forward_cids.append(None)
                 return

@@ -351,3 +351,108 @@ def test_torch_compiled_modules_are_skipped_gracefully(tmp_path, capsys):
     assert [b["step"] for b in batches] == [0, 1, 2, 3]
     pre = _states(batches, "pre:torch.optim.Optimizer.step")
     assert all(len(pre[step]) == 4 for step in range(3)), "eager optimizer steps are still snapshotted"
+
+
+def test_full_mode_records_every_torch_function(tmp_path):
+    from producers.selection import default_selection
+
+    with producers.instrument(run_id="r-full", trace_dir=tmp_path, selection=default_selection(full=True)):
+        model = nn.Linear(3, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.randn(2, 3)).relu().sum().backward()
+        optimizer.step()
+    apis = {e.get("api") for _, e in _events(_batches(tmp_path)) if e["kind"] == "call"}
+    assert {"torch.Tensor.relu", "torch.Tensor.sum", "torch.nn.functional.linear"} <= apis
+    assert "torch.optim.Optimizer.step" in apis
+    assert not any(a and a.startswith("torch._foreach") for a in apis), "the producer's own snapshot ops are not recorded"
+
+
+def test_unwritable_trace_dir_counts_drops_and_training_goes_on(tmp_path, capsys):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    with producers.instrument(run_id="r-nowrite", trace_dir=blocker / "traces") as session:
+        _train(nn.Linear(3, 1), steps=2)
+    stats = session.stats()
+    assert stats["sinks"]["file"]["dropped_batches"] == 3 and stats["sinks"]["file"]["sent_batches"] == 0
+    assert "trace FAILED" in capsys.readouterr().err
+
+
+def test_patch_handles_restore_or_step_aside():
+    import types
+
+    from producers.patching import patch_attribute
+
+    Owner = types.SimpleNamespace(f=lambda x: x + 1)  # a module-like owner
+
+    calls = []
+
+    def make(original):
+        def wrapper(x):
+            calls.append(x)
+            return original(x)
+
+        return wrapper
+
+    handle = patch_attribute(Owner, "f", make)
+    assert Owner.f(1) == 2 and calls == [1]
+    handle.remove()
+    assert Owner.__dict__["f"] is handle.original and Owner.f(2) == 3 and calls == [1]
+    # somebody wraps on top of ours: removing ours must not drop theirs
+    handle = patch_attribute(Owner, "f", make)
+    ours = Owner.f
+    Owner.f = lambda x: ours(x) * 10
+    handle.remove()
+    assert Owner.f(1) == 20 and calls == [1], "our layer became a pass-through"
+
+
+def test_kafka_security_settings_come_from_the_environment():
+    from producers.sinks import kafka_settings_from_env
+
+    env = {
+        "TRAINWATCH_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+        "TRAINWATCH_KAFKA_SASL_MECHANISM": "PLAIN",
+        "TRAINWATCH_KAFKA_SASL_USERNAME": "u",
+        "TRAINWATCH_KAFKA_SASL_PASSWORD": "p",
+        "TRAINWATCH_KAFKA_SSL_CAFILE": "/ca.pem",
+        "TRAINWATCH_KAFKA_OTHER": "ignored",
+    }
+    assert kafka_settings_from_env(env) == {
+        "security_protocol": "SASL_SSL",
+        "sasl_mechanism": "PLAIN",
+        "sasl_plain_username": "u",
+        "sasl_plain_password": "p",
+        "ssl_cafile": "/ca.pem",
+    }
+    assert kafka_settings_from_env({}) == {}
+
+
+def test_a_loss_module_called_in_validation_does_not_flip_the_stage(tmp_path):
+    with producers.instrument(run_id="r-lossroot", trace_dir=tmp_path):
+        model, loss_fn = nn.Linear(3, 1), nn.MSELoss()
+        _train(model, steps=1)
+        model.eval()
+        with torch.no_grad():
+            validation_loss = loss_fn(model(torch.randn(2, 3)), torch.zeros(2, 1))
+            validation_loss.item()
+            model(torch.randn(2, 3))
+    forwards = [e for _, e in _events(_batches(tmp_path)) if e.get("api") == "torch.nn.Module.forward" and e["phase"] == "pre"]
+    after_eval = forwards[-3:]
+    assert [(f["mtype"], f["stage"]) for f in after_eval] == [("Linear", "eval"), ("MSELoss", "eval"), ("Linear", "eval")]
+    assert all(f["ctx"]["training"] is False for f in after_eval)
+
+
+def test_autocast_regions_are_visible_in_args_and_context(tmp_path):
+    with producers.instrument(run_id="r-amp", trace_dir=tmp_path):
+        model = nn.Linear(3, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(torch.randn(2, 3)).float().sum()
+        loss.backward()
+        optimizer.step()
+    events = [e for _, e in _events(_batches(tmp_path)) if e["kind"] == "call" and e["phase"] == "pre"]
+    enter = next(e for e in events if e.get("api") == "torch.autocast.__enter__")
+    assert enter["args"]["device_type"] == "cpu" and enter["args"]["dtype"] == "bfloat16" and enter["args"]["enabled"]
+    forward = next(e for e in events if e.get("api") == "torch.nn.Module.forward")
+    assert forward["ctx"]["autocast"] == "bfloat16"
+    backward = next(e for e in events if e.get("api") == "torch.Tensor.backward")
+    assert backward["ctx"]["autocast"] is None
