@@ -183,3 +183,16 @@ def test_every_template_has_description_and_hint():
     for inv in learned():
         template_hint = Engine(InvariantSet([inv]))  # compiles
         assert inv.description and template_hint
+
+
+def test_training_loop_api_absent_from_eval_stage():
+    inv = find("APIAbsent", api="torch.optim.Optimizer.step", stage="eval")
+    assert inv.params["after_step"] == -1
+    batches = list(SyntheticRun(run="bad", world=2, steps=6, seed=5).batches())
+    for batch in batches:  # model left in eval: the producer reports the eval stage while training
+        if batch["step"] == 4 and batch["rank"] == 0:
+            for event in batch["events"]:
+                if event["kind"] == "call" and event["api"] == "torch.optim.Optimizer.step":
+                    event["stage"] = "eval"
+    violations = [v for v in check([inv], batches)]
+    assert [(v.step, v.ranks, v.stage) for v in violations] == [(4, [0], "eval")]

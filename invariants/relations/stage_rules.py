@@ -4,7 +4,12 @@
     ``{"api": "torch.nn.init.normal_", "stage": "train", "after_step": 0}``.  Learned for
     one-off APIs (seen in at most two steps of a reference run: initialisation, seeding,
     checkpoint loading) whose stage continues well past their last use.  Catches weights
-    re-initialised during training, RNG re-seeded every step.
+    re-initialised during training, RNG re-seeded every step.  Also learned for
+    training-loop APIs (called in at least half the steps of every reference run) and a
+    stage that never sees them, with ``after_step = -1``:
+    ``{"api": "torch.optim.Optimizer.step", "stage": "eval", "after_step": -1}`` —
+    catches a model left in eval mode after validation (the optimizer then steps while
+    the producer reports the eval stage).
 
 **AllRanksReport** — "every rank of the world reports every step": ``{}``.  A rank that
     is missing when a window closes (stalled, crashed, partitioned) is reported with the
@@ -55,16 +60,22 @@ class APIAbsent(Template):
         stage_max = store.setdefault("stage_max", {})
         api_steps = store.setdefault("api_steps", {})
         api_stage_max = store.setdefault("api_stage_max", {})
+        run_windows = store.setdefault("run_windows", {})
+        api_windows = store.setdefault("api_windows", {})
+        stage_windows = store.setdefault("stage_windows", {})
         run = view.run
         for rank in view.ranks():
+            run_windows[run] = run_windows.get(run, 0) + 1
             stage = view.rank_stage(rank)
             if stage:
                 key = (run, stage)
                 stage_max[key] = max(stage_max.get(key, -1), view.step)
+            apis_here: set[str] = set()
+            stages_here: set[str] = set()
             for call in view.calls(rank):
-                if call.get("parent") is not None:
-                    continue
                 api, call_stage = call["api"], call.get("stage", "")
+                apis_here.add(api)
+                stages_here.add(call_stage)
                 steps = api_steps.setdefault((run, api), set())
                 if len(steps) <= ONE_OFF_MAX_STEPS:
                     steps.add(view.step)
@@ -72,6 +83,10 @@ class APIAbsent(Template):
                 api_stage_max[key] = max(api_stage_max.get(key, -1), view.step)
                 stage_key = (run, call_stage)
                 stage_max[stage_key] = max(stage_max.get(stage_key, -1), view.step)
+            for api in apis_here:
+                api_windows[(run, api)] = api_windows.get((run, api), 0) + 1
+            for call_stage in stages_here:
+                stage_windows[call_stage] = stage_windows.get(call_stage, 0) + 1
 
     def infer_finish(self, store: dict[str, Any]) -> list[Invariant]:
         stage_max: dict = store.get("stage_max", {})
@@ -81,17 +96,34 @@ class APIAbsent(Template):
         for (run, api), steps in api_steps.items():
             one_off[api] = one_off.get(api, True) and len(steps) <= ONE_OFF_MAX_STEPS
         stages = sorted({stage for (_, stage) in stage_max if stage})
-        found = []
+        found: dict[str, Invariant] = {}
         for api in sorted(a for a, ok in one_off.items() if ok):
             for stage in stages:
                 last_use = api_stage_max.get((api, stage), -1)
                 tails = [m for (run, s), m in stage_max.items() if s == stage]
                 if not tails or max(tails) < last_use + ABSENT_MIN_TAIL:
                     continue
-                params = {"api": api, "stage": stage, "after_step": last_use}
-                found.append(Invariant(self.relation, params, None, self.describe(params), [api],
-                                       positive=max(tails) - last_use, negative=0))
-        return found
+                self._add(found, api, stage, last_use, max(tails) - last_use)
+        # training-loop APIs (called in most steps of every run) that a stage never sees:
+        # "the optimizer never steps during evaluation"
+        run_windows: dict = store.get("run_windows", {})
+        api_windows: dict = store.get("api_windows", {})
+        stage_windows: dict = store.get("stage_windows", {})
+        loop_apis: dict[str, bool] = {}
+        for (run, api), count in api_windows.items():
+            frequent = count >= ABSENT_MIN_TAIL and 2 * count >= run_windows.get(run, 0)
+            loop_apis[api] = loop_apis.get(api, True) and frequent
+        for api in sorted(a for a, ok in loop_apis.items() if ok):
+            for stage in stages:
+                if stage_windows.get(stage, 0) < ABSENT_MIN_TAIL or (api, stage) in api_stage_max:
+                    continue
+                self._add(found, api, stage, -1, stage_windows[stage])
+        return list(found.values())
+
+    def _add(self, found: dict[str, Invariant], api: str, stage: str, after: int, support: int) -> None:
+        params = {"api": api, "stage": stage, "after_step": after}
+        inv = Invariant(self.relation, params, None, self.describe(params), [api], positive=support, negative=0)
+        found[inv.id] = inv
 
     def params(self, family: tuple, value: Any) -> dict[str, Any]:
         return {"api": family[1], "stage": family[2], "after_step": value}
