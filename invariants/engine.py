@@ -186,13 +186,18 @@ class StepWindows:
 
     ``grace_steps``: a window is force-closed once a batch ``grace_steps`` steps newer
     arrives for its run (a rank that is that far behind is reported missing).
+    ``close_when_complete``: close a window as soon as every rank reported its end.
+    Replaying trace files merged in step order (`replay`) turns it off and uses
+    ``grace_steps=1`` instead, because helper processes of a rank (DataLoader workers)
+    write their own files whose batches for a step may come after the rank's step end.
     ``on_close`` sees every closed window before it is evicted (inference uses it).
     """
 
-    def __init__(self, engine: Engine, *, grace_steps: int | None = None,
+    def __init__(self, engine: Engine, *, grace_steps: int | None = None, close_when_complete: bool = True,
                  on_close: Callable[[WindowState], None] | None = None) -> None:
         self.engine = engine
         self.grace_steps = grace_steps
+        self.close_when_complete = close_when_complete
         self.on_close = on_close
         self.windows: dict[tuple[str, int], WindowState] = {}
         self.runs: dict[str, RunState] = {}
@@ -201,6 +206,11 @@ class StepWindows:
         self.partial_windows = 0
         self.batches = 0
         self.events = 0
+
+    @classmethod
+    def replay(cls, engine: Engine, **kwargs: Any) -> "StepWindows":
+        """Driver for batches sorted by step per run (trace files, `trainwatch.tracedir`)."""
+        return cls(engine, grace_steps=1, close_when_complete=False, **kwargs)
 
     def run_state(self, run: str) -> RunState:
         state = self.runs.get(run)
@@ -221,7 +231,7 @@ class StepWindows:
             window = self.windows[key] = self.engine.new_window(run, step)
         self.engine.add_batch(window, batch)
         violations: list[Violation] = []
-        if self.engine.is_complete(window):
+        if self.close_when_complete and self.engine.is_complete(window):
             violations.extend(self._close(key))
         if self.grace_steps is not None:
             newest = max(self.newest_step.get(run, step), step)

@@ -98,12 +98,21 @@ class Inferencer:
                         evidence = self.boolean[(relation, site.family)] = Evidence()
                     _add(evidence.positive if site.observed else evidence.negative, sig)
 
-    def add_trace(self, batches: Iterable[Batch]) -> None:
-        """Replay one reference trace (one run's batches, any interleaving of ranks)."""
+    def add_trace(self, batches: Iterable[Batch], *, sorted_by_step: bool = True) -> None:
+        """Replay one reference trace.
+
+        ``sorted_by_step``: batches come in step order per run (as `trainwatch.tracedir`
+        merges them), so a window is complete once a later step shows up, including
+        batches from a rank's helper processes.  Otherwise windows close when every
+        rank reported the step end, and later batches of that step are ignored.
+        """
         self.traces += 1
         engine = Engine(InvariantSet([]), report_missing_ranks=False)
         engine.plan = FactPlan.everything()
-        windows = StepWindows(engine, on_close=self.observe)
+        if sorted_by_step:
+            windows = StepWindows.replay(engine, on_close=self.observe)
+        else:
+            windows = StepWindows(engine, on_close=self.observe)
         for batch in batches:
             windows.feed(batch)
         windows.finish()

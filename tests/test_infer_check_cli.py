@@ -153,3 +153,24 @@ def test_console_entry_point_exit_codes(traces):
     assert bad.returncode == 1 and "VIOLATION at step 5" in bad.stdout
     usage = subprocess.run([sys.executable, "-m", "trainwatch.cli", "check"], capture_output=True, text=True)
     assert usage.returncode == 2
+
+
+def test_helper_process_files_join_their_rank_step_window(tmp_path, capsys):
+    """DataLoader workers write their own trace files; their step-0 batches arrive after
+    rank 0 already ended step 0 in its own file, and must still be checked."""
+    from invariants.events import make_batch
+
+    trace = write_trace(tmp_path / "workers", SyntheticRun(run="w", world=1, steps=3, workers=0, eval_every=0))
+    for worker in range(2):
+        event = {"kind": "call", "t": 1, "pid": 5000 + worker, "tid": 1, "stage": "train", "phase": "post", "cid": 1,
+                 "name": "torch.utils.data._utils.worker._worker_loop", "api": "torch.utils.data.worker_init",
+                 "parent": None, "args": {"worker_id": worker, "torch_seed": 7, "numpy_state_digest": "same"}}
+        with (trace / f"zz-worker{worker}.twtrace").open("wb") as stream:
+            stream.write(TRACE_MAGIC)
+            stream.write(encode_frame(encode_batch(make_batch(run="w", rank=0, world=1, step=0, seq=0, events=[event]))))
+    report = tmp_path / "r.json"
+    assert main(["check", str(trace), "--report-json", str(report)]) == 1
+    data = json.loads(report.read_text())
+    assert data["summary"]["late_batches"] == 0
+    assert {(v["step"], v["relation"]) for v in data["violations"]} == {(0, "APIArg")}
+    assert "never repeats" in capsys.readouterr().out

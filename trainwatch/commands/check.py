@@ -20,8 +20,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="invariant file (default: the shipped curated set)")
     parser.add_argument("--report-json", metavar="FILE", help="write the full report as JSON")
     parser.add_argument("--report-html", metavar="FILE", help="write a self-contained HTML report")
-    parser.add_argument("--grace-steps", type=int, default=None, metavar="N",
-                        help="close a step window once a batch N steps newer arrives (default: at end of input)")
 
 
 def _fail(message: str) -> int:
@@ -49,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
     except InvariantFileError as exc:
         return _fail(str(exc))
 
-    windows = StepWindows(Engine(invariant_set), grace_steps=args.grace_steps)
+    # files are merged in step order: a window is complete once the replay passes its step
+    windows = StepWindows.replay(Engine(invariant_set))
     report = TraceReadReport()
     violations = []
     runs: list[str] = []
