@@ -26,6 +26,7 @@ No relation logic lives here: the engine (through `EnginePort`) says what is wro
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import sys
@@ -52,6 +53,7 @@ log = logging.getLogger("trainwatch.checker")
 #: Dead-letter records keep at most this much of the original message.
 DEAD_LETTER_VALUE_LIMIT = 64 * 1024
 TICK_RESEND_SECONDS = 2.0
+YIELD_EVERY_MESSAGES = 64
 
 
 def build_faust_app(config: CheckerConfig) -> faust.App:
@@ -154,7 +156,13 @@ class StreamChecker:
 
     # ------------------------------------------------------------------ agents
     async def _check_windows(self, stream: Any) -> None:
+        handled = 0
         async for event in stream.events():
+            handled += 1
+            if handled % YIELD_EVERY_MESSAGES == 0:
+                # A full stream buffer never suspends the agent; without this the grace
+                # timer (and the lag gauges) would starve under sustained load.
+                await asyncio.sleep(0)
             message = event.message
             try:
                 if message.topic == self.names.window_ticks:
@@ -405,9 +413,16 @@ class StreamChecker:
             assignment = consumer.assignment()
         except Exception:
             return
-        for tp in assignment:
-            if tp.topic != self.names.events:
-                continue
+        owned = [tp for tp in assignment if tp.topic == self.names.events]
+        self.metrics.assigned_partitions.set(len(owned))
+        for partition in set(self._positions) - {tp.partition for tp in owned}:
+            # moved to another worker on a rebalance: its lag is that worker's to report
+            self._positions.pop(partition, None)
+            try:
+                self.metrics.consumer_lag.remove(str(partition))
+            except KeyError:
+                pass
+        for tp in owned:
             position = self._positions.get(tp.partition)
             try:
                 highwater = consumer.highwater(tp)

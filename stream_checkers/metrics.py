@@ -88,6 +88,10 @@ class CheckerMetrics:
             "Events-topic messages not yet processed (fetch high-watermark minus position).",
             ["partition"], registry=registry,
         )
+        self.assigned_partitions = Gauge(
+            "trainwatch_assigned_partitions", "Events-topic partitions this worker currently owns.",
+            registry=registry,
+        )
         self.producer_dropped_events = Counter(
             "trainwatch_producer_dropped_events", "Events producers dropped before reaching Kafka.",
             ["run"], registry=registry,

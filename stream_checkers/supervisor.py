@@ -79,6 +79,10 @@ class CheckerProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def start(self, timeout_s: float = 60.0) -> "CheckerProcess":
+        return self.launch().wait_ready(timeout_s)
+
+    def launch(self) -> "CheckerProcess":
+        """Start the process without waiting (to start several workers at once)."""
         if not self.metrics_port:
             self.metrics_port = free_port()
         env = dict(os.environ if self.env is None else self.env)
@@ -91,6 +95,9 @@ class CheckerProcess:
             stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
             start_new_session=True,  # Ctrl-C in the terminal is the parent's to handle
         )
+        return self
+
+    def wait_ready(self, timeout_s: float = 60.0) -> "CheckerProcess":
         try:
             wait_until(self._metrics_up, timeout_s, 0.2, f"the checker's metrics endpoint (log: {self.log_path})")
         except BaseException:

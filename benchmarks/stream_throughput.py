@@ -1,0 +1,228 @@
+"""Streaming checker throughput and detection latency, measured on real processes.
+
+* **Throughput**: a run of synthetic 2-rank DDP-like steps (backward, optimizer step
+  with pre/post snapshots of ``--params`` parameters, step markers) is produced to a
+  fresh embedded broker *before* the checker starts, then one worker — and in a
+  second round two workers of one consumer group — check it with the shipped default
+  invariant set.  The rate is read from the workers' own
+  ``trainwatch_events_consumed_total`` between 10 % and 90 % of the run, so start-up
+  and group join are excluded.
+* **Latency**: with a worker caught up, a step whose replicas diverge is produced and
+  ``/metrics`` is polled every 5 ms until ``trainwatch_violations_total`` for that run
+  moves; the latency runs from the moment the last rank's batch was sent (the step's
+  end at the producer).
+
+Usage::
+
+    python benchmarks/stream_throughput.py [--steps 2000] [--params 16] [--latency-samples 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from invariants.codec import encode_batch  # noqa: E402
+from invariants.events import batch_key  # noqa: E402
+from stream_checkers.embedded_broker import EmbeddedBroker  # noqa: E402
+from stream_checkers.testing import CheckerProcess, metric, synthetic_step_batch  # noqa: E402
+
+TOPIC = "trainwatch.events"
+
+
+def _param_states(step: int, params: int, t: int) -> list[dict]:
+    """Extra pre/post optimizer-step snapshots so a batch looks like a small model's."""
+    attrs = {"shape": [64, 64], "dtype": "float32", "device": "cpu", "requires_grad": True, "is_leaf": True,
+             "grad_digest": "x3:g", "grad_norm": 0.3, "numel": 4096, "module": "layers", "mtype": "Linear"}
+    events = []
+    for i in range(params):
+        for at, digest in (("pre:torch.optim.Optimizer.step", f"x3:{i}:{step - 1}"),
+                           ("post:torch.optim.Optimizer.step", f"x3:{i}:{step}")):
+            events.append({"kind": "state", "t": t, "pid": 1000, "tid": 1, "stage": "train",
+                           "name": f"layers.{i}.weight", "vtype": "torch.nn.Parameter", "at": at, "cid": 2,
+                           "attrs": {**attrs, "data_digest": digest, "data_norm": 10.0 + step * 1e-3}})
+    return events
+
+
+def make_run(run: str, steps: int, params: int) -> tuple[list[tuple[bytes, bytes]], int]:
+    records, events = [], 0
+    t = time.time_ns()
+    for step in range(steps):
+        for rank in (0, 1):
+            batch = synthetic_step_batch(run, rank, 2, step, extra=_param_states(step, params, t))
+            events += len(batch["events"])
+            records.append((batch_key(run, step), encode_batch(batch)))
+    return records, events
+
+
+def produce(bootstrap: str, records: list[tuple[bytes, bytes]]) -> None:
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, batch_size=256 * 1024,
+                             max_request_size=8 * 1024 * 1024)
+    for key, value in records:
+        producer.send(TOPIC, key=key, value=value)
+    producer.flush(timeout=120)
+    producer.close()
+
+
+def throughput(workers: int, steps: int, params: int, workdir: Path) -> dict:
+    run = f"bench-{workers}w"
+    records, total_events = make_run(run, steps, params)
+    with EmbeddedBroker(log_path=workdir / f"broker-{workers}.log") as broker:
+        # the first worker creates the topics with the checker's partition count
+        procs = [CheckerProcess(broker.bootstrap, workdir / f"w{workers}-{i}.log",
+                                ["--partitions", "4", "--data-dir", str(workdir / f"w{workers}-{i}")])
+                 for i in range(workers)]
+        from stream_checkers.config import CheckerConfig
+        from stream_checkers.topics import ensure_topics
+
+        ensure_topics(CheckerConfig(bootstrap=broker.bootstrap, partitions=4))
+        produce(broker.bootstrap, records)
+        for proc in procs:  # launched together, so they join the group in one generation
+            proc.launch()
+        for proc in procs:
+            proc.wait_ready()
+        try:
+            samples: list[tuple[float, float]] = []
+            settled_at: float | None = None
+            deadline = time.monotonic() + 600
+            while time.monotonic() < deadline:
+                pages = [p.metrics() for p in procs]
+                consumed = sum(metric(m, "trainwatch_events_consumed_total", run=run) for m in pages)
+                owned = [metric(m, "trainwatch_assigned_partitions") for m in pages]
+                now = time.monotonic()
+                if settled_at is None and (workers == 1 or (sum(owned) == 4 and all(owned))):
+                    settled_at = now  # every worker owns partitions: the group has settled
+                if settled_at is not None:
+                    samples.append((now, consumed))
+                if consumed >= total_events:
+                    break
+                time.sleep(0.05)
+            if len(samples) < 3 or samples[0][1] > 0.5 * total_events:
+                raise RuntimeError("the group settled too late to measure; use more --steps")
+            start = max(0.1 * total_events, samples[0][1])
+            if start >= 0.9 * total_events:
+                raise RuntimeError("nothing left to measure after the group settled; use more --steps")
+            lo = next(s for s in samples if s[1] >= start)
+            hi = next(s for s in samples if s[1] >= 0.9 * total_events)
+            rate = (hi[1] - lo[1]) / max(hi[0] - lo[0], 1e-9)
+            checked = sum(metric(p.metrics(), "trainwatch_steps_checked_total", run=run) for p in procs)
+            split = [metric(p.metrics(), "trainwatch_events_consumed_total", run=run) for p in procs]
+        finally:
+            for proc in procs:
+                proc.stop()
+    return {"workers": workers, "events": total_events, "batches": len(records),
+            "events_per_batch": round(total_events / len(records), 1), "events_per_s": round(rate),
+            "steps_checked_at_end": checked, "events_per_worker": split}
+
+
+def cpu_ceiling(steps: int, params: int) -> dict:
+    """The agent's per-batch work without Kafka or Faust, split by stage (one process)."""
+    from invariants.codec import decode_batch
+    from invariants.step_summary import StepSummaryBuilder
+    from stream_checkers.engine_port import EnginePort
+    from stream_checkers.window_record import WindowRecord
+
+    records, total_events = make_run("cpu", steps, params)
+    engine = EnginePort.load(None)
+    timings = dict.fromkeys(("decode", "engine_add", "summary", "record_store", "evaluate"), 0.0)
+    windows: dict[int, tuple] = {}
+    clock = time.perf_counter
+    for _, value in records:
+        t0 = clock()
+        batch = decode_batch(value)
+        t1 = clock()
+        step = batch["step"]
+        if step not in windows:
+            windows[step] = (engine.open("cpu", step), StepSummaryBuilder("cpu", step))
+        window, summary = windows[step]
+        engine.add(window, batch)
+        t2 = clock()
+        summary.add_batch(batch)
+        t3 = clock()
+        timings["decode"] += t1 - t0
+        timings["engine_add"] += t2 - t1
+        timings["summary"] += t3 - t2
+        if engine.complete(window):
+            t4 = clock()
+            engine.evaluate(window, engine.new_run_state("cpu"))
+            timings["evaluate"] += clock() - t4
+            del windows[step]
+        else:
+            t4 = clock()
+            WindowRecord("cpu", step, 0, 0.0, 0.0, engine.dump_window(window), summary.to_dict()).to_bytes()
+            timings["record_store"] += clock() - t4
+    total = sum(timings.values())
+    return {"events_per_s": round(total_events / total),
+            "us_per_batch": {k: round(v / len(records) * 1e6, 1) for k, v in timings.items()}}
+
+
+def latency(samples: int, params: int, workdir: Path) -> dict:
+    from kafka import KafkaProducer
+
+    with EmbeddedBroker(log_path=workdir / "broker-latency.log") as broker:
+        proc = CheckerProcess(broker.bootstrap, workdir / "latency.log",
+                              ["--partitions", "4", "--data-dir", str(workdir / "latency")]).start()
+        producer = KafkaProducer(bootstrap_servers=broker.bootstrap, linger_ms=0)
+        try:
+            # warm-up: one healthy step, so the group has joined and partitions are assigned
+            for rank in (0, 1):
+                batch = synthetic_step_batch("warm", rank, 2, 0)
+                producer.send(TOPIC, key=batch_key("warm", 0), value=encode_batch(batch))
+            producer.flush()
+            deadline = time.monotonic() + 120
+            while metric(proc.metrics(), "trainwatch_steps_checked_total", run="warm") < 1:
+                if time.monotonic() > deadline:
+                    raise TimeoutError("checker never checked the warm-up step")
+                time.sleep(0.05)
+            results = []
+            for i in range(samples):
+                run = f"lat-{i}"
+                t = time.time_ns()
+                extra = _param_states(5, params, t)
+                for rank in (0, 1):
+                    batch = synthetic_step_batch(run, rank, 2, 5, digest="x3:bad" if rank else None, extra=extra)
+                    producer.send(TOPIC, key=batch_key(run, 5), value=encode_batch(batch))
+                producer.flush()
+                sent = time.monotonic()
+                while metric(proc.metrics(), "trainwatch_violations_total", run=run) < 1:
+                    if time.monotonic() - sent > 30:
+                        raise TimeoutError(f"no violation for {run} in /metrics")
+                    time.sleep(0.005)
+                results.append(time.monotonic() - sent)
+        finally:
+            producer.close()
+            proc.stop()
+    return {"samples": samples, "median_s": round(statistics.median(results), 4),
+            "max_s": round(max(results), 4), "min_s": round(min(results), 4)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--params", type=int, default=16, help="parameters snapshotted per step and rank")
+    parser.add_argument("--latency-samples", type=int, default=10)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="tw-stream-bench-") as tmp:
+        workdir = Path(tmp)
+        report = {
+            "cpu_ceiling_one_core": cpu_ceiling(min(args.steps, 500), args.params),
+            "one_worker": throughput(1, args.steps, args.params, workdir),
+            "two_workers": throughput(2, args.steps, args.params, workdir),
+            "latency": latency(args.latency_samples, args.params, workdir),
+        }
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
