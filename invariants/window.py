@@ -111,19 +111,22 @@ class WindowState:
         open_calls: dict[str, dict[str, Any]] = {}
         apis = plan.apis
         points = plan.state_points
-        attrs_wanted = plan.state_attrs
+        keep_attrs = None if plan.state_attrs is None else BASE_STATE_ATTRS + tuple(sorted(plan.state_attrs))
         keep_links = plan.links
+        last_stage = None
         for index, event in enumerate(events):
             kind = event.get("kind")
             if kind == "call":
+                last_stage = event.get("stage")
                 api = call_api(event)
-                key = f"{event.get('pid', 0)}:{event['cid']}"
                 phase = event["phase"]
                 if keep_links and phase == "pre":
+                    key = f"{event.get('pid', 0)}:{event['cid']}"
                     parent = event.get("parent")
                     links[key] = None if parent is None else f"{event.get('pid', 0)}:{parent}"
                 if apis is not None and api not in apis:
                     continue
+                key = f"{event.get('pid', 0)}:{event['cid']}"
                 if phase == "pre":
                     fact = self._call_fact(event, api, key, (seq, index), plan)
                     calls.append(fact)
@@ -139,39 +142,31 @@ class WindowState:
                     elif "ret" in event:
                         fact["ret"] = event["ret"]
             elif kind == "state":
+                last_stage = event.get("stage")
                 at = event.get("at")
                 if not isinstance(at, str):
                     at = ""
                 if points is not None and at not in points:
                     continue
                 raw = event.get("attrs") or {}
-                if attrs_wanted is None:
+                if keep_attrs is None:
                     kept = dict(raw)
                 else:
-                    kept = {k: raw[k] for k in BASE_STATE_ATTRS if k in raw}
-                    for k in attrs_wanted:
-                        if k in raw:
-                            kept[k] = raw[k]
+                    kept = {k: raw[k] for k in keep_attrs if k in raw}
                 kept["stage"] = event.get("stage", "")
-                if isinstance(event.get("vtype"), str):
+                if "vtype" in event:
                     kept["vtype"] = event["vtype"]
-                for name in ("mtype", "dtype", "module"):
-                    if name in kept and not isinstance(kept[name], str):
-                        del kept[name]
-                for name in ("requires_grad", "is_leaf"):
-                    if name in kept and not isinstance(kept[name], bool):
-                        del kept[name]
                 cid = event.get("cid")
                 call_key = "-" if cid is None else f"{event.get('pid', 0)}:{cid}"
                 states.setdefault(at, {}).setdefault(call_key, {})[event["name"]] = kept
             elif kind == "step":
+                last_stage = event.get("stage")
                 if event.get("phase") == "end":
                     facts["ended"] = True
                     facts["stage"] = event.get("stage", facts["stage"])
-                elif not facts["stage"]:
-                    facts["stage"] = event.get("stage", "")
-            if not facts["ended"] and "stage" in event and kind != "meta":
-                facts["stage"] = event["stage"]
+        # until the step ends, a rank's stage is that of its latest event
+        if not facts["ended"] and last_stage:
+            facts["stage"] = last_stage
 
     @staticmethod
     def _find_call(calls: list[dict[str, Any]], key: str) -> dict[str, Any] | None:

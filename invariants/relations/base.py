@@ -148,9 +148,10 @@ class WindowView:
 
     def state_record(self, attrs: Mapping[str, Any], rank: int) -> Record:
         record: Record = {"stage": attrs.get("stage", ""), "rank": rank, "step_is_first": self.step == 0}
-        for name in ("vtype", "mtype", "dtype", "requires_grad", "is_leaf"):
+        # snapshot attributes of an unexpected type are "unknown", like missing ones
+        for name, kind in (("vtype", str), ("mtype", str), ("dtype", str), ("requires_grad", bool), ("is_leaf", bool)):
             value = attrs.get(name)
-            if value is not None:
+            if isinstance(value, kind):
                 record[name] = value
         if "grad_digest" in attrs or "grad_norm" in attrs:
             record["has_grad"] = attrs.get("grad_digest") is not None
