@@ -149,34 +149,20 @@ def _norms(tensors: Sequence[torch.Tensor | None]) -> list[float | None]:
     return results
 
 
-def snapshot_attrs(
-    entries: Iterable[ParamEntry], *, data_from: dict[str, dict[str, Any]] | None = None
-) -> list[tuple[ParamEntry, dict[str, Any]]]:
-    """Attributes of each parameter: metadata, data/grad digests and norms.
+def snapshot_attrs(entries: Iterable[ParamEntry], *, data: bool = True) -> list[tuple[ParamEntry, dict[str, Any]]]:
+    """Attributes of each parameter: metadata, grad digest/norm and (if ``data``) data digest/norm.
 
-    ``data_from`` (name -> attrs of a snapshot taken moments before) reuses the data
-    digest and norm when only gradients can have changed since (around ``zero_grad``).
+    Around ``zero_grad`` only gradients can change, so those snapshots skip the data
+    (the most expensive half on large models); the step snapshots carry both.
     """
     entries = list(entries)
-    count = len(entries)
     with torch.no_grad():
         grads = [entry.param.grad.detach() if entry.param.grad is not None else None for entry in entries]
         grad_digests = tensor_digests(grads)
-        reused = [data_from.get(entry.name) if data_from is not None else None for entry in entries]
-        fresh = [index for index in range(count) if reused[index] is None]
-        datas = [entries[index].param.detach() for index in fresh]
-        fresh_digests = tensor_digests(datas)
+        datas = [entry.param.detach() for entry in entries] if data else []
+        data_digests = tensor_digests(datas)
         norms = _norms(datas + grads)
-    data_digests: list[Any] = [None] * count
-    data_norms: list[Any] = [None] * count
-    for position, index in enumerate(fresh):
-        data_digests[index] = fresh_digests[position]
-        data_norms[index] = norms[position]
-    for index, previous in enumerate(reused):
-        if previous is not None:
-            data_digests[index] = previous.get("data_digest")
-            data_norms[index] = previous.get("data_norm")
-    grad_norms = norms[len(fresh):]
+    data_norms, grad_norms = norms[: len(datas)], norms[len(datas):]
     results = []
     for index, entry in enumerate(entries):
         param = entry.param
@@ -188,13 +174,14 @@ def snapshot_attrs(
             "requires_grad": param.requires_grad,
             "is_leaf": param.is_leaf,
             "numel": numel,
-            "data_digest": data_digests[index],
             "grad_digest": grad_digests[index],
-            "data_norm": data_norms[index],
             "grad_norm": grad_norms[index],
             "module": entry.module,
             "mtype": entry.mtype,
         }
+        if data:
+            attrs["data_digest"] = data_digests[index]
+            attrs["data_norm"] = data_norms[index]
         reason = skip_reason(param)
         if reason is not None:
             attrs["digest_skipped"] = reason

@@ -59,7 +59,7 @@ class _ThreadState(threading.local):
 class CallToken:
     """What a wrapper needs to close the call it opened."""
 
-    __slots__ = ("cid", "api", "name", "snapshot_of", "restore_stage", "group", "pre_attrs", "post_attrs")
+    __slots__ = ("cid", "api", "name", "snapshot_of", "restore_stage", "group", "post_attrs")
 
     def __init__(self, cid: int, api: str, name: str) -> None:
         self.cid = cid
@@ -68,7 +68,6 @@ class CallToken:
         self.snapshot_of: torch.optim.Optimizer | None = None
         self.restore_stage: str | None = None
         self.group: str | None = None
-        self.pre_attrs: dict[str, dict[str, Any]] | None = None
         self.post_attrs: list[tuple[Any, dict[str, Any]]] | None = None
 
 
@@ -234,9 +233,10 @@ class Tracer:
             if optimizer is not None and api in SNAPSHOT_APIS and self._snapshots and self.sampled:
                 token.snapshot_of = optimizer
                 if self.selection.wants_point(f"pre:{api}"):
-                    taken = self._snapshot(self.registry.optimizer_entries(optimizer), f"pre:{api}", token.cid)
-                    if api == OPTIMIZER_ZERO_GRAD:
-                        token.pre_attrs = {entry.name: attrs for entry, attrs in taken}
+                    self._snapshot(
+                        self.registry.optimizer_entries(optimizer), f"pre:{api}", token.cid,
+                        data=api != OPTIMIZER_ZERO_GRAD,
+                    )
             return token
         except Exception as exc:
             self.internal_error(f"recording {api}", exc)
@@ -263,10 +263,9 @@ class Tracer:
                 )
             self._record(event)
             if token.snapshot_of is not None and exc is None and self.selection.wants_point(f"post:{token.api}"):
-                # zero_grad only touches gradients: reuse the data digests taken just before
                 token.post_attrs = self._snapshot(
                     self.registry.optimizer_entries(token.snapshot_of), f"post:{token.api}", token.cid,
-                    data_from=token.pre_attrs,
+                    data=token.api != OPTIMIZER_ZERO_GRAD,
                 )
         except Exception as error:
             self.internal_error(f"recording {token.api}", error)
@@ -275,10 +274,10 @@ class Tracer:
                 self.stage = token.restore_stage
 
     # -- snapshots ------------------------------------------------------------------
-    def _take(self, entries: list[Any], data_from: dict[str, dict[str, Any]] | None = None) -> list[tuple[Any, dict[str, Any]]]:
+    def _take(self, entries: list[Any], data: bool = True) -> list[tuple[Any, dict[str, Any]]]:
         self._tls.busy = True
         try:
-            return snapshot_attrs(entries, data_from=data_from)
+            return snapshot_attrs(entries, data=data)
         finally:
             self._tls.busy = False
 
@@ -289,11 +288,11 @@ class Tracer:
         ]
 
     def _snapshot(
-        self, entries: list[Any], at: str, cid: int | None, data_from: dict[str, dict[str, Any]] | None = None
+        self, entries: list[Any], at: str, cid: int | None, data: bool = True
     ) -> list[tuple[Any, dict[str, Any]]]:
         if not entries:
             return []
-        taken = self._take(entries, data_from)
+        taken = self._take(entries, data)
         self.recorder.extend(self._state_events(taken, at, cid))
         return taken
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from dataclasses import replace
 import shutil
 import socket
 import sys
@@ -103,8 +104,6 @@ def run(args: argparse.Namespace) -> int:
         )
     stats_dir = Path(tempfile.mkdtemp(prefix="trainwatch-stats-"))
     try:
-        from dataclasses import replace
-
         config = replace(config, stats_dir=str(stats_dir))
         try:
             result = run_instrumented(command, config, stats_dir)
