@@ -69,12 +69,11 @@ def test_validation_errors_name_source_index_and_field(data, index, field, words
 
 
 def test_shipped_default_set_loads_and_selects_apis():
-    default = load_default_set()
+    default = load_default_set()  # validates every entry, ids included
     assert len(default) >= 10
-    assert {"Consistent", "EventContain", "APISequence", "APIArg", "TrainingFlag", "APIAbsent", "AllRanksReport"} <= default.relations()
+    assert {"Consistent", "EventContain", "AllRanksReport"} <= default.relations()
     apis = needed_apis(default)
-    assert {"torch.optim.Optimizer.step", "torch.optim.Optimizer.zero_grad", "torch.nn.Module.forward",
-            "torch.utils.data.worker_init", "torch.nn.init.normal_"} <= apis
+    assert {"torch.optim.Optimizer.step", "torch.optim.Optimizer.zero_grad"} <= apis
 
 
 def test_needed_apis_include_snapshot_points_and_children():
