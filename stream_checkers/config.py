@@ -123,6 +123,7 @@ class CheckerConfig:
     #: Broker session timing: a few seconds so a worker joins and takes over fast.
     session_timeout_seconds: float = 6.0
     log_level: str = "WARNING"
+    connect_timeout_seconds: float = 30.0
     #: Produce every record (changelog writes included) in its own record batch.
     single_record_batches: bool = True
 

@@ -51,7 +51,8 @@ def ensure_topics(config: CheckerConfig, timeout_s: float = 30.0) -> dict[str, i
         try:
             admin = KafkaAdminClient(
                 bootstrap_servers=config.bootstrap_servers,
-                request_timeout_ms=10000,
+                request_timeout_ms=int(min(10.0, timeout_s) * 1000),
+                bootstrap_timeout_ms=int(timeout_s * 1000),
                 **config.security.kafka_python_kwargs(),
             )
             break

@@ -26,7 +26,7 @@ def run_worker(config: CheckerConfig, engine: EnginePort, *, out: TextIO | None 
     from .app import StreamChecker
 
     out = out or sys.stdout
-    ensure_topics(config)
+    ensure_topics(config, timeout_s=config.connect_timeout_seconds)
     registry = CollectorRegistry()
     metrics = CheckerMetrics(registry)
     server = start_metrics_server(registry, config.metrics_host, config.metrics_port)

@@ -40,6 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-batch-bytes", type=int,
                         default=int(_env("MAX_BATCH_BYTES", str(16 * 1024 * 1024)) or 0),
                         help="larger messages are dead-lettered as oversized (env TRAINWATCH_MAX_BATCH_BYTES)")
+    parser.add_argument("--connect-timeout", type=float, default=float(_env("CONNECT_TIMEOUT", "30") or 30),
+                        help="give up if Kafka cannot be reached for this long at start (env TRAINWATCH_CONNECT_TIMEOUT)")
     parser.add_argument("--log-level", default=_env("LOG_LEVEL", "WARNING"),
                         help="Faust/Kafka client log level (env TRAINWATCH_LOG_LEVEL)")
 
@@ -59,6 +61,7 @@ def config_from_args(args: argparse.Namespace):
         data_dir=args.data_dir,
         max_batch_bytes=args.max_batch_bytes,
         log_level=args.log_level.upper(),
+        connect_timeout_seconds=args.connect_timeout,
         security=KafkaSecurity.from_env(),
     )
 
