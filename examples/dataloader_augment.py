@@ -43,11 +43,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--epoch-batches", type=int, default=4, help="batches per epoch (workers restart each epoch)")
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
     loader = DataLoader(
-        ShapesDataset(64 * 16, args.seed), batch_size=16, shuffle=True, num_workers=args.workers,
+        ShapesDataset(args.epoch_batches * 16, args.seed), batch_size=16, shuffle=True, num_workers=args.workers,
         worker_init_fn=seed_worker, generator=torch.Generator().manual_seed(args.seed), persistent_workers=False,
     )
     model = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4), nn.Flatten(), nn.Linear(128, 4))

@@ -5,13 +5,20 @@
 1. collect every reference pipeline (``references.py``) twice: an *inference* run and a
    *validation* run with another seed and another length;
 2. ``trainwatch infer`` over all inference runs gives the candidates;
-3. pipeline-specific candidates are dropped: each reference is also inferred on its own,
-   and a candidate must be found (same relation and parameters) in at least
-   ``MIN_SUPPORT`` different pipelines — a rule about one model's class names or one
-   script's call order does not transfer;
-4. each remaining candidate is checked against every validation run, and any invariant
-   that fires on a healthy run is dropped — what survives holds across seeds, lengths
-   and pipelines;
+3. pipeline-specific candidates must be confirmed by several pipelines: each reference
+   is also inferred on its own, and a rule about a user-defined module class or about
+   call order (``APISequence``) is kept only if it is found (same relation and
+   parameters) in at least ``MIN_SUPPORT`` different pipelines — one model's class
+   names or one script's call order do not transfer. Rules about torch's own APIs and
+   module types need one pipeline that exercises them (DataLoader workers, autocast);
+   Rules pinning an output dtype to a constant are kept only under an active autocast
+   (fp32 everywhere in the references says nothing about a user's fp16/bf16 model), and
+   "module M calls F with argument a=v" keeps only ``training`` (``p=0.1`` or
+   ``inplace=False`` are one author's configuration, not behaviour);
+4. each remaining candidate is checked against every validation run — the references
+   again, plus the core's synthetic healthy runs (``invariants/synthetic.py``, which the
+   core's own tests treat as healthy) — and any invariant that fires on a healthy run is
+   dropped: what survives holds across seeds, lengths and pipelines;
 5. the survivors are written to ``invariants/data/default_invariants.json`` (the
    package data ``check``/``watch`` use without ``-i``), with a curation log next to the
    work directory.
@@ -56,6 +63,71 @@ def _shape(invariant: dict) -> str:
     return json.dumps([invariant["relation"], invariant["params"]], sort_keys=True)
 
 
+def _requires_active_autocast(precondition: dict | None) -> bool:
+    """True when every disjunct of a (non-negated) precondition pins ``ctx.autocast`` to a dtype."""
+    if not precondition or precondition.get("negated"):
+        return False
+    return all(
+        any(clause.get("field") == "ctx.autocast" and clause.get("kind") == "constant"
+            and None not in clause.get("values", [None]) for clause in conjunct.get("all", []))
+        for conjunct in precondition.get("any", [])
+    )
+
+
+def is_dtype_artefact(invariant: dict) -> bool:
+    params = invariant["params"]
+    return (invariant["relation"] == "APIOutput" and params.get("form") == "constant"
+            and params.get("prop") == "dtype" and not _requires_active_autocast(invariant.get("precondition")))
+
+
+def is_pipeline_specific(invariant: dict) -> bool:
+    """Call order, or a module class the user wrote (not one of ``torch.nn``'s)."""
+    import torch.nn
+
+    if invariant["relation"] == "APISequence":
+        return True
+    mtype = invariant["params"].get("mtype")
+    return bool(mtype) and not isinstance(getattr(torch.nn, mtype, None), type)
+
+
+def is_configuration_pin(invariant: dict) -> bool:
+    params = invariant["params"]
+    return (invariant["relation"] == "EventContain" and params.get("form") == "call"
+            and bool(set(params.get("args") or {}) - {"training"}))
+
+
+SYNTHETIC_HEALTHY = (
+    {"world": 1, "steps": 8, "seed": 11, "autocast": False},
+    {"world": 2, "steps": 8, "seed": 12, "autocast": True},
+    {"world": 3, "steps": 7, "seed": 13, "autocast": False},
+)
+
+
+def write_synthetic_healthy(work: Path) -> dict[str, CollectResult]:
+    """The core's synthetic healthy runs, as trace dirs `trainwatch check` can read."""
+    from invariants.codec import TRACE_MAGIC, encode_batch, encode_frame
+    from invariants.synthetic import SyntheticRun
+
+    results = {}
+    for index, config in enumerate(SYNTHETIC_HEALTHY):
+        name = f"synthetic-{index}"
+        trace_dir = work / "references" / "synthetic" / name
+        trace_dir.mkdir(parents=True, exist_ok=True)
+        streams = {}
+        try:
+            for batch in SyntheticRun(run=name, **config).batches():
+                stream = streams.get(batch["rank"])
+                if stream is None:
+                    stream = streams[batch["rank"]] = (trace_dir / f"{name}-rank{batch['rank']}.twtrace").open("wb")
+                    stream.write(TRACE_MAGIC)
+                stream.write(encode_frame(encode_batch(batch)))
+        finally:
+            for stream in streams.values():
+                stream.close()
+        results[name] = CollectResult(trace_dir, 0, 0.0, "synthetic")
+    return results
+
+
 def pipeline_support(inference: dict[str, CollectResult], work: Path) -> dict[str, set[str]]:
     """For each invariant shape, the reference pipelines that yield it when inferred alone."""
     support: dict[str, set[str]] = {}
@@ -94,9 +166,13 @@ def curate(candidates_path: Path, validation: dict[str, CollectResult], work: Pa
     narrow = 0
     for invariant in document["invariants"]:
         count = len(support.get(_shape(invariant), ()))
-        if count < MIN_SUPPORT:
+        if count < (MIN_SUPPORT if is_pipeline_specific(invariant) else 1):
             fired[invariant["id"]] = [f"support:{count}"]
             narrow += 1
+        elif is_dtype_artefact(invariant):
+            fired[invariant["id"]] = ["dtype-artefact"]
+        elif is_configuration_pin(invariant):
+            fired[invariant["id"]] = ["configuration-pin"]
     broad = {"format": document["format"], "version": document["version"],
              "invariants": [inv for inv in document["invariants"] if inv["id"] not in fired]}
     broad_path = work / "candidates-broad.json"
@@ -111,9 +187,26 @@ def curate(candidates_path: Path, validation: dict[str, CollectResult], work: Pa
     return Curation(len(document["invariants"]), kept, fired, sorted(validation), narrow)
 
 
+#: APIs whose events come from helper processes (DataLoader workers), not the training thread.
+HELPER_PROCESS_APIS = frozenset({"torch.utils.data.worker_init"})
+
+
+def without_helper_context_guard(invariant: dict) -> dict:
+    """A worker's autocast/grad context says nothing about the training step, so a guard
+    on it only hides worker events that lack it; the id follows the content."""
+    if not set(invariant.get("apis", ())) <= HELPER_PROCESS_APIS or not invariant.get("precondition"):
+        return invariant
+    fields = {clause.get("field", "") for conjunct in invariant["precondition"].get("any", [])
+              for clause in conjunct.get("all", [])}
+    if not all(field.startswith("ctx.") for field in fields):
+        return invariant
+    return {k: v for k, v in invariant.items() if k != "id"} | {"precondition": None}
+
+
 def write_set(kept: list[dict], output: Path) -> None:
     from invariants.invariant_file import dumps, loads
 
+    kept = [without_helper_context_guard(inv) for inv in kept]
     invariants = loads({"format": "trainwatch-invariants", "version": 1, "invariants": kept}, "curated set")
     output.write_text(dumps(invariants), encoding="utf-8")
 
@@ -124,6 +217,7 @@ def build(work: Path, output: Path, jobs: int, reuse: bool) -> Curation:
     validation = collect_references(work, "validation", jobs=jobs, reuse=reuse, **VALIDATION)
     candidates = work / "candidates.json"
     infer([inference[ref.id].trace_dir for ref in REFERENCES], candidates)
+    validation.update(write_synthetic_healthy(work))
     curation = curate(candidates, validation, work, pipeline_support(inference, work))
     write_set(curation.kept, output)
     log = {

@@ -1,0 +1,93 @@
+"""A fast slice of the silent-bug benchmark, with exact expectations.
+
+Four reproductions — one per relation family that the shipped default set must cover —
+and their healthy twins run under real ``trainwatch collect`` (single process and a
+2-rank gloo job), then ``trainwatch check`` with *no* ``-i``: the zero-configuration
+path users get. Each bug must be reported at its onset step or the next by the named
+relation, and each twin must come back clean. A change to the producer, the core or the
+default set that loses one of these detections fails here.
+"""
+
+from __future__ import annotations
+
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks" / "silent_bugs"))
+
+import harness  # noqa: E402
+from registry import BUGS, BY_ID  # noqa: E402
+from scoring import DETECTION_WINDOW, score  # noqa: E402
+
+#: bug id -> the relation that must report it first (within DETECTION_WINDOW of onset)
+FAST_SUBSET = {
+    "missing_zero_grad": "APISequence",
+    "eval_dropout_attention": "TrainingFlag",
+    "reinit_every_step": "APIAbsent",
+    "ddp_raw_module": "Consistent",
+}
+
+
+@pytest.fixture(scope="module")
+def checked_runs(tmp_path_factory):
+    """Collect every bug and twin once (two at a time), check each with the default set."""
+    work = tmp_path_factory.mktemp("silent_bugs")
+
+    def run(job: tuple[str, bool]) -> tuple[tuple[str, bool], harness.CheckResult]:
+        bug_id, bug = job
+        case = BY_ID[bug_id]
+        label = "bug" if bug else "twin"
+        trace_dir = work / bug_id / label
+        collected = harness.collect(case.command(sys.executable, bug=bug, steps=case.onset + 2), trace_dir,
+                                    run_id=f"{bug_id}-{label}", timeout_s=150)
+        assert collected.returncode == 0, f"{bug_id} {label} training failed:\n{collected.output_tail}"
+        return job, harness.check(trace_dir, work / bug_id / f"{label}.json")
+
+    jobs = [(bug_id, bug) for bug_id in FAST_SUBSET for bug in (True, False)]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(pool.map(run, jobs))
+
+
+@pytest.mark.parametrize("bug_id", sorted(FAST_SUBSET))
+def test_bug_is_caught_at_onset_by_the_expected_relation(checked_runs, bug_id):
+    case = BY_ID[bug_id]
+    result = checked_runs[(bug_id, True)]
+    assert result.exit_code == 1, f"{bug_id}: check exit {result.exit_code} {result.error}"
+    detection = score(result.violations, case.onset, case.root_cause)
+    assert detection.early_violations == 0, f"{bug_id}: violations before the onset: {result.violations[:2]}"
+    assert detection.first_step is not None and 0 <= detection.delay <= DETECTION_WINDOW, detection
+    assert FAST_SUBSET[bug_id] in detection.relations, detection.relations
+
+
+@pytest.mark.parametrize("bug_id", sorted(FAST_SUBSET))
+def test_healthy_twin_is_clean(checked_runs, bug_id):
+    result = checked_runs[(bug_id, False)]
+    assert result.exit_code == 0, [v["description"] for v in result.violations][:5]
+    assert result.invariants_checked > 0
+
+
+def test_registry_describes_every_reproduction():
+    assert len(BUGS) >= 16
+    assert len({case.id for case in BUGS}) == len(BUGS)
+    for case in BUGS:
+        assert case.path.is_file(), case.path
+        assert case.root_cause and case.source and case.expected_relation
+        assert 0 < case.onset < case.steps
+        assert "--bug" in case.command("python", bug=True) and "--bug" not in case.command("python", bug=False)
+
+
+def test_scoring_separates_onset_late_and_early_violations():
+    onset = 3
+    on_time = [{"step": 4, "relation": "Consistent", "description": "param data equal across ranks"}]
+    assert score(on_time, onset, ["param"]).detected
+    assert score(on_time, onset, ["param"]).names_root_cause
+    late = [{"step": 6, "relation": "Consistent", "description": "x"}]
+    assert not score(late, onset, []).detected and score(late, onset, []).delay == 3
+    early = [{"step": 1, "relation": "APIArg", "description": "y"}] + on_time
+    detection = score(early, onset, ["zzz"])
+    assert detection.early_violations == 1 and detection.first_step == 4 and not detection.names_root_cause
+    assert score([], onset, []).first_step is None
