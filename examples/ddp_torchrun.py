@@ -43,6 +43,7 @@ def main() -> None:
         mean_loss /= world
         if rank == 0 and step % 5 == 0:
             print(f"step {step} loss {mean_loss.item():.4f} world {world}", flush=True)
+    dist.barrier()  # leave together: a rank exiting mid-collective makes gloo abort its peer
     dist.destroy_process_group()
 
 

@@ -48,6 +48,7 @@ def main() -> None:
         optimizer.step()
         if rank == 0 and step % 5 == 0:
             print(f"step {step} loss {loss.item():.4f}", flush=True)
+    dist.barrier()  # leave together: a rank exiting mid-collective makes gloo abort its peer
     dist.destroy_process_group()
 
 
