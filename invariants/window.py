@@ -113,12 +113,12 @@ class WindowState:
         points = plan.state_points
         keep_attrs = None if plan.state_attrs is None else BASE_STATE_ATTRS + tuple(sorted(plan.state_attrs))
         keep_links = plan.links
-        last_stage = None
         for index, event in enumerate(events):
-            kind = event.get("kind")
+            kind = event["kind"]
             if kind == "call":
-                last_stage = event.get("stage")
-                api = call_api(event)
+                api = event.get("api")
+                if api.__class__ is not str or not api:
+                    api = event["name"]
                 phase = event["phase"]
                 if keep_links and phase == "pre":
                     key = f"{event.get('pid', 0)}:{event['cid']}"
@@ -142,7 +142,6 @@ class WindowState:
                     elif "ret" in event:
                         fact["ret"] = event["ret"]
             elif kind == "state":
-                last_stage = event.get("stage")
                 at = event.get("at")
                 if not isinstance(at, str):
                     at = ""
@@ -160,13 +159,12 @@ class WindowState:
                 call_key = "-" if cid is None else f"{event.get('pid', 0)}:{cid}"
                 states.setdefault(at, {}).setdefault(call_key, {})[event["name"]] = kept
             elif kind == "step":
-                last_stage = event.get("stage")
-                if event.get("phase") == "end":
+                if event["phase"] == "end":
                     facts["ended"] = True
                     facts["stage"] = event.get("stage", facts["stage"])
         # until the step ends, a rank's stage is that of its latest event
-        if not facts["ended"] and last_stage:
-            facts["stage"] = last_stage
+        if not facts["ended"] and events and events[-1]["stage"]:
+            facts["stage"] = events[-1]["stage"]
 
     @staticmethod
     def _find_call(calls: list[dict[str, Any]], key: str) -> dict[str, Any] | None:
