@@ -30,7 +30,9 @@ from .relations import TEMPLATES
 from .relations.base import Template, WindowView
 from .window import FactPlan, WindowState
 
-#: Distinct example signatures kept per counter; beyond it new shapes are folded into counts only.
+#: A hypothesis whose examples come in more distinct shapes than this is noise (its
+#: precondition would be a list of special cases): it is dropped.  Nothing is ever
+#: discarded while counting, so the result does not depend on trace order.
 MAX_SIGNATURES = 256
 
 
@@ -41,8 +43,7 @@ class Evidence:
 
 
 def _add(counter: Counter, sig: frozenset, n: int = 1) -> None:
-    if sig in counter or len(counter) < MAX_SIGNATURES:
-        counter[sig] += n
+    counter[sig] += n
 
 
 class Inferencer:
@@ -135,6 +136,8 @@ class Inferencer:
               positive: Counter, negative: Counter) -> None:
         pos_total = sum(positive.values())
         if pos_total < template.min_support:
+            return
+        if len(positive) + len(negative) > MAX_SIGNATURES:
             return
         if negative and not template.allows_precondition(family):
             return
