@@ -15,6 +15,7 @@
 Usage::
 
     python benchmarks/stream_throughput.py [--steps 2000] [--params 16] [--latency-samples 10]
+                                           [--multi-record-batches]
 """
 
 from __future__ import annotations
@@ -74,13 +75,13 @@ def produce(bootstrap: str, records: list[tuple[bytes, bytes]]) -> None:
     producer.close()
 
 
-def throughput(workers: int, steps: int, params: int, workdir: Path) -> dict:
+def throughput(workers: int, steps: int, params: int, workdir: Path, extra: list[str]) -> dict:
     run = f"bench-{workers}w"
     records, total_events = make_run(run, steps, params)
     with EmbeddedBroker(log_path=workdir / f"broker-{workers}.log") as broker:
         # the first worker creates the topics with the checker's partition count
         procs = [CheckerProcess(broker.bootstrap, workdir / f"w{workers}-{i}.log",
-                                ["--partitions", "4", "--data-dir", str(workdir / f"w{workers}-{i}")])
+                                ["--partitions", "4", "--data-dir", str(workdir / f"w{workers}-{i}"), *extra])
                  for i in range(workers)]
         from stream_checkers.config import CheckerConfig
         from stream_checkers.topics import ensure_topics
@@ -166,12 +167,12 @@ def cpu_ceiling(steps: int, params: int) -> dict:
             "us_per_batch": {k: round(v / len(records) * 1e6, 1) for k, v in timings.items()}}
 
 
-def latency(samples: int, params: int, workdir: Path) -> dict:
+def latency(samples: int, params: int, workdir: Path, extra: list[str]) -> dict:
     from kafka import KafkaProducer
 
     with EmbeddedBroker(log_path=workdir / "broker-latency.log") as broker:
         proc = CheckerProcess(broker.bootstrap, workdir / "latency.log",
-                              ["--partitions", "4", "--data-dir", str(workdir / "latency")]).start()
+                              ["--partitions", "4", "--data-dir", str(workdir / "latency"), *extra]).start()
         producer = KafkaProducer(bootstrap_servers=broker.bootstrap, linger_ms=0)
         try:
             # warm-up: one healthy step, so the group has joined and partitions are assigned
@@ -211,14 +212,17 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--params", type=int, default=16, help="parameters snapshotted per step and rank")
     parser.add_argument("--latency-samples", type=int, default=10)
+    parser.add_argument("--multi-record-batches", action="store_true",
+                        help="run the workers with --multi-record-batches (not recovery-safe on tansu)")
     args = parser.parse_args()
+    extra = ["--multi-record-batches"] if args.multi_record_batches else []
     with tempfile.TemporaryDirectory(prefix="tw-stream-bench-") as tmp:
         workdir = Path(tmp)
         report = {
             "cpu_ceiling_one_core": cpu_ceiling(min(args.steps, 500), args.params),
-            "one_worker": throughput(1, args.steps, args.params, workdir),
-            "two_workers": throughput(2, args.steps, args.params, workdir),
-            "latency": latency(args.latency_samples, args.params, workdir),
+            "one_worker": throughput(1, args.steps, args.params, workdir, extra),
+            "two_workers": throughput(2, args.steps, args.params, workdir, extra),
+            "latency": latency(args.latency_samples, args.params, workdir, extra),
         }
     print(json.dumps(report, indent=2))
     return 0

@@ -201,7 +201,9 @@ class StepSummaryBuilder:
         return {
             "run": self.run,
             "step": self.step,
-            "ranks": {str(rank): asdict(acc) for rank, acc in self._ranks.items()},
+            # vars() rather than asdict(): this runs for every batch of every open window
+            "ranks": {str(rank): {**vars(acc), "pending_pre": dict(acc.pending_pre)}
+                      for rank, acc in self._ranks.items()},
         }
 
     @classmethod

@@ -65,7 +65,7 @@ class TrendRules:
     vanish_steps: int = 3
     max_update_ratio: float = 10.0
     min_update_ratio: float = 1e-8
-    history: int = 256
+    history: int = 128  # >= 2 * plateau_steps
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "TrendRules":

@@ -150,6 +150,7 @@ class StreamChecker:
         self._cache = _Cache()
         self._ticks_sent: dict[bytes, float] = {}
         self._positions: dict[int, int] = {}
+        self._trend_cache: dict[bytes, tuple[bytes, TrendMonitor, set[int]]] = {}
         self.app.agent(self.input_topic, name=f"{config.app_id}.check-windows")(self._check_windows)
         self.app.agent(self.summaries_topic, name=f"{config.app_id}.trend-monitors")(self._monitor_trends)
         self.app.timer(config.tick_interval_seconds)(self._tick)
@@ -348,22 +349,30 @@ class StreamChecker:
                 await self._dead_letter(message, "bad_summary", f"{type(exc).__name__}: {exc}")
                 continue
             key = summary.run.encode()
-            raw = self.trends.get(key)
-            state = msgpack.unpackb(raw, raw=False) if raw is not None else {}
-            if "monitor" in state:
-                monitor = TrendMonitor.from_dict(state["monitor"], self.trend_rules)
-            else:
-                monitor = TrendMonitor(summary.run, self.trend_rules)
-            live = self._run_liveness(summary.run, set(state.get("live", ())), envelope.get("lifecycle") or ())
+            monitor, live = self._trend_state(key, summary.run)
+            live = self._run_liveness(summary.run, live, envelope.get("lifecycle") or ())
             alerts = monitor.observe(summary)
             for alert in alerts:
                 await self.violations_topic.send(key=key, value=encode_violation(alert.to_violation_dict()))
-            self.trends[key] = msgpack.packb({"monitor": monitor.to_dict(), "live": sorted(live)})
+            raw = msgpack.packb({"monitor": monitor.to_dict(), "live": sorted(live)})
+            self.trends[key] = raw
+            self._trend_cache[key] = (raw, monitor, live)
             if alerts:
                 await self.app.producer.flush()
             for alert in alerts:
                 self.metrics.trend_alert(alert.run, alert.rule)
                 self._report(alert.to_violation_dict(), invariant=False)
+
+    def _trend_state(self, key: bytes, run: str) -> tuple[TrendMonitor, set[int]]:
+        """The run's monitor, decoded only when the table holds bytes we did not write."""
+        raw = self.trends.get(key)
+        cached = self._trend_cache.get(key)
+        if cached is not None and raw is not None and cached[0] is raw:
+            return cached[1], cached[2]
+        state = msgpack.unpackb(raw, raw=False) if raw is not None else {}
+        if "monitor" in state:
+            return TrendMonitor.from_dict(state["monitor"], self.trend_rules), set(state.get("live", ()))
+        return TrendMonitor(run, self.trend_rules), set()
 
     def _run_liveness(self, run: str, live: set[int], lifecycle: Any) -> set[int]:
         """Ranks between run_start and run_end; the run is live while any rank is.

@@ -18,6 +18,8 @@ from .engine_port import EnginePort
 from .metrics import CheckerMetrics, start_metrics_server
 from .topics import ensure_topics
 
+SWITCH_INTERVAL_S = 0.0005
+
 
 def run_worker(config: CheckerConfig, engine: EnginePort, *, out: TextIO | None = None) -> int:
     """Block until the worker is stopped (SIGINT/SIGTERM); return a process exit code."""
@@ -26,6 +28,11 @@ def run_worker(config: CheckerConfig, engine: EnginePort, *, out: TextIO | None 
     from .app import StreamChecker
 
     out = out or sys.stdout
+    # Faust runs its Kafka consumer in a second thread.  Every socket send of the
+    # main loop releases the GIL and then waits out the busy consumer thread's switch
+    # interval (5 ms by default) to get it back; a short interval keeps produce calls
+    # from queueing behind fetch decoding.
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     ensure_topics(config, timeout_s=config.connect_timeout_seconds)
     registry = CollectorRegistry()
     metrics = CheckerMetrics(registry)

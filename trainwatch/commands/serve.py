@@ -42,6 +42,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="larger messages are dead-lettered as oversized (env TRAINWATCH_MAX_BATCH_BYTES)")
     parser.add_argument("--connect-timeout", type=float, default=float(_env("CONNECT_TIMEOUT", "30") or 30),
                         help="give up if Kafka cannot be reached for this long at start (env TRAINWATCH_CONNECT_TIMEOUT)")
+    parser.add_argument("--multi-record-batches", action="store_true",
+                        default=(_env("MULTI_RECORD_BATCHES", "") or "").lower() in ("1", "true", "yes", "on"),
+                        help="let the producer pack several records per Kafka batch: faster, but only for "
+                             "brokers that replay such batches completely (Apache Kafka; not tansu) "
+                             "(env TRAINWATCH_MULTI_RECORD_BATCHES)")
     parser.add_argument("--log-level", default=_env("LOG_LEVEL", "WARNING"),
                         help="Faust/Kafka client log level (env TRAINWATCH_LOG_LEVEL)")
 
@@ -62,6 +67,7 @@ def config_from_args(args: argparse.Namespace):
         max_batch_bytes=args.max_batch_bytes,
         log_level=args.log_level.upper(),
         connect_timeout_seconds=args.connect_timeout,
+        single_record_batches=not args.multi_record_batches,
         security=KafkaSecurity.from_env(),
     )
 
