@@ -105,6 +105,11 @@ class Consistent(Template):
                     majority = max(counts.items(), key=lambda kv: (kv[1], repr(kv[0])))[0]
                     odd = [r for r in holders if frozen[r] != majority] if counts[majority] > 1 else holders
                     evidence = {"variable": name, "attr": attr, "values_by_rank": {str(r): values[r] for r in holders}}
+                    # digests say *that* replicas differ; norms hint at how much
+                    norm_name = "grad_norm" if attr == "grad_digest" else "data_norm"
+                    norms = {str(r): snapshots[r][name].get(norm_name) for r in holders}
+                    if any(v is not None for v in norms.values()):
+                        evidence[f"{norm_name}_by_rank"] = norms
                 yield Site(
                     family=("ranks", at, attr),
                     observed=holds,
@@ -159,7 +164,8 @@ class Consistent(Template):
         raise ValueError("scope")
 
     def needs(self, params: Mapping[str, Any]) -> FactPlan:
-        return FactPlan(apis=set(), state_points={params["at"]}, state_attrs={params["attr"], "numel"})
+        norm = "grad_norm" if params["attr"] == "grad_digest" else "data_norm"
+        return FactPlan(apis=set(), state_points={params["at"]}, state_attrs={params["attr"], "numel", norm})
 
     def apis(self, params: Mapping[str, Any]) -> list[str]:
         at = str(params.get("at", ""))
