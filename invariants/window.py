@@ -29,7 +29,6 @@ from .events import Batch
 
 #: Snapshot attributes worth keeping for preconditions and evidence, besides digests.
 BASE_STATE_ATTRS = ("requires_grad", "dtype", "mtype", "is_leaf", "shape")
-ALL = None  # "keep everything" marker inside a plan
 
 
 @dataclass
@@ -67,12 +66,6 @@ class FactPlan:
         if api not in self.args:
             return False
         return self.args[api]
-
-
-def call_api(event: dict[str, Any]) -> str:
-    """Invariants key on the stable family name when the producer gives one."""
-    api = event.get("api")
-    return api if isinstance(api, str) and api else event["name"]
 
 
 class WindowState:
@@ -116,6 +109,7 @@ class WindowState:
         for index, event in enumerate(events):
             kind = event["kind"]
             if kind == "call":
+                # invariants key on the stable family name when the producer gives one
                 api = event.get("api")
                 if api.__class__ is not str or not api:
                     api = event["name"]
