@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import socket
 import threading
 import time
 from typing import Any, Callable, Mapping
@@ -139,7 +140,25 @@ class KafkaSink:
             self._stats.dropped_batches += batches
             self._stats.dropped_events += events
 
+    def _probe(self) -> None:
+        """One plain TCP connect per bootstrap server before building a client.
+
+        A kafka-python client aimed at a dead broker spins through short reconnect
+        polls; every wake-up competes for the GIL and slows the training thread
+        (measured: a torch import took 2.3x longer).  A refused connect is one syscall.
+        """
+        last: OSError | None = None
+        for server in self.bootstrap.split(","):
+            host, _, port = server.strip().rpartition(":")
+            try:
+                socket.create_connection((host.strip("[]"), int(port)), timeout=2.0).close()
+                return
+            except (OSError, ValueError) as exc:
+                last = exc if isinstance(exc, OSError) else OSError(str(exc))
+        raise ConnectionError(f"no bootstrap server of {self.bootstrap} accepts connections ({last})")
+
     def _connect(self) -> Any:
+        self._probe()
         from kafka import KafkaProducer
 
         logging.getLogger("kafka").setLevel(logging.CRITICAL)  # we report failures ourselves
