@@ -25,6 +25,7 @@ from .invariant_set import InvariantSet
 from .model import Violation
 from .relations import ALL_RANKS_REPORT
 from .relations.base import WindowView
+from .relations.consistent import replication_baseline
 from .window import FactPlan, WindowState
 
 #: Offending sites listed per violation; the count of all of them is always reported.
@@ -38,7 +39,8 @@ class RunState:
     late?" answer is exact and the state stays small while windows close roughly in order.
     """
 
-    __slots__ = ("run", "world", "closed_below", "closed_above", "last_step_by_rank", "windows_closed", "violations")
+    __slots__ = ("run", "world", "closed_below", "closed_above", "last_step_by_rank", "windows_closed", "violations",
+                 "rank_local")
 
     def __init__(self, run: str) -> None:
         self.run = run
@@ -48,6 +50,9 @@ class RunState:
         self.last_step_by_rank: dict[int, int] = {}
         self.windows_closed = 0
         self.violations = 0
+        #: attr -> variables that differ across ranks from step 0 on while others agree
+        #: (expert/tensor-parallel shards): cross-rank rules skip them.  Set by step 0.
+        self.rank_local: dict[str, list[str]] = {}
 
     @property
     def highest_closed(self) -> int:
@@ -68,14 +73,15 @@ class RunState:
     def to_bytes(self) -> bytes:
         return msgpack.packb(
             [self.run, self.world, self.closed_below, sorted(self.closed_above), self.last_step_by_rank,
-             self.windows_closed, self.violations],
+             self.windows_closed, self.violations, self.rank_local],
             use_bin_type=True,
         )
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "RunState":
-        run, world, below, above, last, closed, violations = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        run, world, below, above, last, closed, violations, *rest = msgpack.unpackb(data, raw=False, strict_map_key=False)
         state = cls(run)
+        state.rank_local = dict(rest[0]) if rest else {}
         state.world, state.closed_below, state.closed_above = world, below, set(above)
         state.last_step_by_rank = {int(k): v for k, v in last.items()}
         state.windows_closed, state.violations = closed, violations
@@ -103,7 +109,15 @@ class Engine:
         return window.is_complete()
 
     def evaluate(self, window: WindowState, run_state: RunState) -> list[Violation]:
-        view = WindowView(window)
+        """Violations of one closed window.
+
+        Reads only the window, except for one run-level fact learned at step 0: which
+        variables are rank-local (`replication_baseline`).  Windows that close before
+        step 0 does (only possible when streaming out of order) judge every variable.
+        """
+        if window.step == 0:
+            run_state.rank_local = replication_baseline(window)
+        view = WindowView(window, run_state.rank_local)
         found: dict[str, Violation] = {}
         counts: dict[str, int] = {}
         for relation, families in self.invariant_set.by_family.items():

@@ -28,6 +28,7 @@ from .model import Invariant
 from .precondition import SignatureCache, infer_precondition
 from .relations import TEMPLATES
 from .relations.base import Template, WindowView
+from .relations.consistent import replication_baseline
 from .window import FactPlan, WindowState
 
 #: A hypothesis whose examples come in more distinct shapes than this is noise (its
@@ -59,12 +60,16 @@ class Inferencer:
         self.custom: dict[str, dict[str, Any]] = {}
         self.windows = 0
         self.traces = 0
+        #: run -> rank-local variables found at its step 0 (see replication_baseline)
+        self.rank_local: dict[str, dict[str, list[str]]] = {}
         self._signature = SignatureCache()
 
     # ------------------------------------------------------------------ feeding
     def observe(self, window: WindowState) -> None:
         self.windows += 1
-        view = WindowView(window)
+        if window.step == 0:
+            self.rank_local[window.run] = replication_baseline(window)
+        view = WindowView(window, self.rank_local.get(window.run))
         for template in self.templates:
             if hasattr(template, "infer_observe"):
                 template.infer_observe(view, self.custom.setdefault(template.relation, {}))

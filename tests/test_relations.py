@@ -196,3 +196,33 @@ def test_training_loop_api_absent_from_eval_stage():
                     event["stage"] = "eval"
     violations = [v for v in check([inv], batches)]
     assert [(v.step, v.ranks, v.stage) for v in violations] == [(4, [0], "eval")]
+
+
+def _rank_local(batches, names, *, from_step=0):
+    """Give ``names`` a different value on every rank from ``from_step`` on (expert shards)."""
+    for batch in batches:
+        if batch["step"] < from_step:
+            continue
+        for event in batch["events"]:
+            if event["kind"] == "state" and (names is None or event["name"] in names):
+                event["attrs"]["data_digest"] = f"{event['attrs']['data_digest']}-r{batch['rank']}"
+    return batches
+
+
+def test_rank_local_variables_are_not_judged_as_replicas():
+    inv = find("Consistent", scope="ranks", at="post:torch.optim.Optimizer.step", attr="data_digest")
+    # expert-parallel style: one variable differs across ranks from step 0, the rest agree
+    expert = _rank_local(list(SyntheticRun(run="moe", world=2, steps=5).batches()), {"module.fc2.bias"})
+    assert check([inv], expert) == []
+    # ...but a replicated variable drifting later is still reported
+    drifted = _rank_local(list(SyntheticRun(run="moe", world=2, steps=5, faults=[Fault("drift", 3, 1)]).batches()),
+                          {"module.fc2.bias"})
+    violations = check([inv], drifted)
+    assert violations and min(v.step for v in violations) == 3
+    assert all(v.evidence["first"]["variable"] != "module.fc2.bias" for v in violations)
+
+
+def test_replicas_never_synchronised_are_reported_from_step_zero():
+    inv = find("Consistent", scope="ranks", at="post:torch.optim.Optimizer.step", attr="data_digest")
+    unsynced = _rank_local(list(SyntheticRun(run="nosync", world=2, steps=3).batches()), None)
+    assert [v.step for v in check([inv], unsynced)] == [0, 1, 2]

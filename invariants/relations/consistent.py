@@ -45,6 +45,43 @@ def _call_order(call_key: str) -> tuple[int, int]:
         return (0, 0)
 
 
+def replication_baseline(window: Any) -> dict[str, list[str]]:
+    """Variables that differ across ranks already at step 0, when others agree.
+
+    Expert-parallel experts and tensor-parallel shards carry the same names on every
+    rank but are not replicas; a cross-rank rule learned from data-parallel runs must
+    not judge them.  They reveal themselves at the first step: some variables agree
+    across ranks (the replicated ones) and these do not.  When *nothing* agrees at
+    step 0 the replicas were never synchronised — a bug the rule must still report —
+    so no variable is exempted.  Returns attr -> sorted names.
+    """
+    from .base import WindowView  # local: base imports nothing from here
+
+    view = WindowView(window)
+    ranks = view.ranks()
+    result: dict[str, list[str]] = {}
+    if len(ranks) < 2:
+        return result
+    points: set[str] = set()
+    for rank in ranks:
+        points.update(view.facts(rank)["states"])
+    for attr in RANK_ATTRS:
+        differing: set[str] = set()
+        agreeing: set[str] = set()
+        for at in points:
+            snapshots = {rank: _latest_by_name(view.facts(rank), at) for rank in ranks}
+            names = set().union(*(s.keys() for s in snapshots.values()))
+            for name in names:
+                values = [freeze(s[name].get(attr)) for s in snapshots.values() if name in s]
+                if len(values) < 2 or all(v is None for v in values):
+                    continue
+                (agreeing if len(set(values)) == 1 else differing).add(name)
+        local = differing - agreeing if agreeing - differing else set()
+        if local:
+            result[attr] = sorted(local)
+    return result
+
+
 class Consistent(Template):
     relation = "Consistent"
 
@@ -69,7 +106,10 @@ class Consistent(Template):
         if not wanted:
             return
         names = sorted(set().union(*(snapshots[r].keys() for r in present)))
-        if families is not None:
+        # rank-local variables (expert/tensor-parallel shards) are not replicas
+        local = {a: set(view.rank_local.get(a, ())) for a in wanted}
+        has_local = any(local.values())
+        if families is not None and not has_local:
             # checking: most steps agree everywhere; compare whole columns first
             reference = snapshots[present[0]]
             if all(len(snapshots[r]) == len(names) for r in present):
@@ -84,6 +124,8 @@ class Consistent(Template):
                 continue
             records = lazy(lambda name=name, holders=holders: [view.state_record(snapshots[r][name], r) for r in holders])
             for attr in wanted:
+                if has_local and name in local[attr]:
+                    continue
                 values = {r: snapshots[r][name].get(attr) for r in holders}
                 first = values[holders[0]]
                 if all(v == first for v in values.values()):
