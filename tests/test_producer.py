@@ -456,3 +456,18 @@ def test_autocast_regions_are_visible_in_args_and_context(tmp_path):
     assert forward["ctx"]["autocast"] == "bfloat16"
     backward = next(e for e in events if e.get("api") == "torch.Tensor.backward")
     assert backward["ctx"]["autocast"] is None
+
+
+def test_exceptions_are_recorded_and_reraised_unchanged(tmp_path):
+    with producers.instrument(run_id="r-exc", trace_dir=tmp_path / "t") as outer:
+        with producers.instrument(run_id="ignored") as inner:
+            assert inner is outer, "a second instrument() joins the active session"
+        _train(nn.Linear(3, 1), steps=1)
+        with pytest.raises(RuntimeError) as caught:
+            torch.save({"w": 1}, tmp_path / "missing-dir" / "ckpt.pt")
+    assert "missing-dir" in str(caught.value)
+    saves = [e for _, e in _events(_batches(tmp_path / "t")) if e.get("api") == "torch.save"]
+    assert [s["phase"] for s in saves] == ["pre", "exc"]
+    assert saves[1]["exc"] == "RuntimeError" and "missing-dir" in saves[1]["msg"] and saves[1]["stage"] == "checkpoint"
+    after = [e for _, e in _events(_batches(tmp_path / "t")) if e["kind"] == "meta" and e["what"] == "run_end"]
+    assert after and after[0]["stage"] == "train", "the checkpoint stage ends with the failed call"
