@@ -46,7 +46,7 @@ def _call_order(call_key: str) -> tuple[int, int]:
 
 
 def replication_baseline(window: Any) -> dict[str, list[str]]:
-    """Variables that differ across ranks already at step 0, when others agree.
+    """Variables that differ across ranks somewhere in step 0, when others never do.
 
     Expert-parallel experts and tensor-parallel shards carry the same names on every
     rank but are not replicas; a cross-rank rule learned from data-parallel runs must
@@ -76,7 +76,10 @@ def replication_baseline(window: Any) -> dict[str, list[str]]:
                 if len(values) < 2 or all(v is None for v in values):
                     continue
                 (agreeing if len(set(values)) == 1 else differing).add(name)
-        local = differing - agreeing if agreeing - differing else set()
+        # a shard may start equal (same init seed) and part after its first update:
+        # differing anywhere in step 0 makes a variable rank-local, provided some
+        # other variable agreed everywhere (the replicas exist)
+        local = differing if agreeing - differing else set()
         if local:
             result[attr] = sorted(local)
     return result
