@@ -35,8 +35,8 @@ _MIX1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
 _MIX2 = -7723592293110705685  # 0x94D049BB133111EB
 _SECOND_SEED = 0x2545F4914F6CDD1D
 #: Elements processed per chunk on the device path: bounds the temporary int64 buffers
-#: to a few times 64 MiB whatever the parameter size.
-_DEVICE_CHUNK = 1 << 23
+#: to a few times 16 MiB whatever the parameter size.
+_DEVICE_CHUNK = 1 << 21
 
 _INT_BY_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
