@@ -27,6 +27,7 @@ from .selection import (
     MODULE_EVAL,
     MODULE_FORWARD,
     MODULE_TRAIN,
+    MODULE_ZERO_GRAD,
     OPTIMIZER_STEP,
     OPTIMIZER_ZERO_GRAD,
     WORKER_INIT,
@@ -53,6 +54,7 @@ def _function_spec(api: str, *extra_owners: str) -> WrapSpec:
 
 WRAP_SPECS: tuple[WrapSpec, ...] = (
     WrapSpec(OPTIMIZER_ZERO_GRAD, (("torch.optim.Optimizer", "zero_grad"),), method=True, group="zero_grad"),
+    WrapSpec(MODULE_ZERO_GRAD, (("torch.nn.Module", "zero_grad"),), method=True, group="zero_grad"),
     WrapSpec(MODULE_TRAIN, (("torch.nn.Module", "train"),), method=True, group="module_mode"),
     WrapSpec(MODULE_EVAL, (("torch.nn.Module", "eval"),), method=True, group="module_mode"),
     WrapSpec("torch.Tensor.backward", (("torch.Tensor", "backward"),), method=True, group="backward"),

@@ -27,6 +27,7 @@ OPTIMIZER_ZERO_GRAD = "torch.optim.Optimizer.zero_grad"
 MODULE_FORWARD = "torch.nn.Module.forward"
 MODULE_TRAIN = "torch.nn.Module.train"
 MODULE_EVAL = "torch.nn.Module.eval"
+MODULE_ZERO_GRAD = "torch.nn.Module.zero_grad"
 WORKER_INIT = "torch.utils.data.worker_init"
 
 DROPOUT_FUNCTIONS = (
@@ -57,6 +58,7 @@ DEFAULT_APIS: frozenset[str] = frozenset(
     {
         OPTIMIZER_STEP,
         OPTIMIZER_ZERO_GRAD,
+        MODULE_ZERO_GRAD,
         MODULE_TRAIN,
         MODULE_EVAL,
         MODULE_FORWARD,

@@ -471,3 +471,16 @@ def test_exceptions_are_recorded_and_reraised_unchanged(tmp_path):
     assert saves[1]["exc"] == "RuntimeError" and "missing-dir" in saves[1]["msg"] and saves[1]["stage"] == "checkpoint"
     after = [e for _, e in _events(_batches(tmp_path / "t")) if e["kind"] == "meta" and e["what"] == "run_end"]
     assert after and after[0]["stage"] == "train", "the checkpoint stage ends with the failed call"
+
+
+def test_module_zero_grad_is_its_own_family(tmp_path):
+    with producers.instrument(run_id="r-mzg", trace_dir=tmp_path):
+        model = nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model.zero_grad()
+        model(torch.randn(2, 3)).sum().backward()
+        optimizer.step()
+    calls = [e for _, e in _events(_batches(tmp_path)) if e["kind"] == "call" and e["phase"] == "pre"]
+    zero = [e for e in calls if e["api"] == "torch.nn.Module.zero_grad"]
+    assert len(zero) == 1 and zero[0]["name"] == "torch.nn.modules.container.Sequential.zero_grad"
+    assert zero[0]["mtype"] == "Sequential"
