@@ -5,7 +5,9 @@
     ``{"form": "state", "api": "torch.optim.Optimizer.step", "attr": "data_digest", "effect": "changes"}``
     if ``has_grad = True`` — "the optimizer step changes every parameter that has a
     gradient".  Effects: ``changes`` / ``preserves`` (digest differs / is equal) and
-    ``cleared`` (the gradient is None or all zero afterwards, for ``zero_grad``).
+    ``cleared`` (the gradient is None or all zero afterwards, for ``zero_grad``).  A
+    parameter left unchanged while its gradient is below 1e-4 of its norm is not judged
+    (float32 weights may not move); one without any gradient is.
 ``form = "call"``   the call contains another recorded call, optionally with given
     argument values: ``{"form": "call", "api": "torch.nn.Module.forward", "mtype": "Dropout",
     "child": "torch.nn.functional.dropout", "args": {"training": false}}`` if ``stage = eval``.
@@ -16,10 +18,19 @@ from __future__ import annotations
 from typing import Any, Iterator, Mapping
 
 from ..window import FactPlan
-from .base import Site, Template, WindowView, freeze, is_scalar, lazy, thaw
+from .base import SIGNIFICANT_GRAD_RATIO, Site, Template, WindowView, freeze, is_scalar, lazy, thaw
 
 STATE_EFFECTS = (("data_digest", "changes"), ("data_digest", "preserves"), ("grad_digest", "cleared"))
 MAX_CHILD_ARGS = 6
+
+
+def _negligible_grad(attrs: Mapping[str, Any]) -> bool:
+    """A gradient present but many orders of magnitude below its weights (a conv bias
+    feeding BatchNorm): the step may leave float32 weights bit-identical."""
+    grad, data = attrs.get("grad_norm"), attrs.get("data_norm")
+    if attrs.get("grad_digest") is None or not isinstance(grad, (int, float)) or not isinstance(data, (int, float)):
+        return False
+    return grad <= SIGNIFICANT_GRAD_RATIO * data
 
 
 def _cleared(attrs: Mapping[str, Any]) -> bool:
@@ -69,6 +80,8 @@ class EventContain(Template):
                                 if attr not in pre_attrs or attr not in post_attrs:
                                     continue
                                 same = pre_attrs[attr] == post_attrs[attr]
+                                if same and effect == "changes" and _negligible_grad(pre_attrs):
+                                    continue  # an update below float resolution proves nothing either way
                                 holds = (not same) if effect == "changes" else same
                             if holds and families is not None:
                                 continue
@@ -149,7 +162,7 @@ class EventContain(Template):
     def needs(self, params: Mapping[str, Any]) -> FactPlan:
         if params["form"] == "state":
             api = params["api"]
-            attrs = {params["attr"], "grad_digest", "grad_norm"}
+            attrs = {params["attr"], "grad_digest", "grad_norm", "data_norm"}
             return FactPlan(apis=set(), state_points={f"pre:{api}", f"post:{api}"}, state_attrs=attrs)
         child = params["child"]
         args = params.get("args") or {}
