@@ -58,6 +58,8 @@ WRAP_SPECS: tuple[WrapSpec, ...] = (
     WrapSpec(MODULE_TRAIN, (("torch.nn.Module", "train"),), method=True, group="module_mode"),
     WrapSpec(MODULE_EVAL, (("torch.nn.Module", "eval"),), method=True, group="module_mode"),
     WrapSpec("torch.Tensor.backward", (("torch.Tensor", "backward"),), method=True, group="backward"),
+    # direct calls only: inside Tensor.backward the shared group suppresses it
+    WrapSpec("torch.autograd.backward", (("torch.autograd", "backward"),), group="backward"),
     WrapSpec(
         "torch.nn.utils.clip_grad_norm_",
         (("torch.nn.utils", "clip_grad_norm_"), ("torch.nn.utils.clip_grad", "clip_grad_norm_")),

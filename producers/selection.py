@@ -63,6 +63,7 @@ DEFAULT_APIS: frozenset[str] = frozenset(
         MODULE_EVAL,
         MODULE_FORWARD,
         "torch.Tensor.backward",
+        "torch.autograd.backward",
         "torch.nn.utils.clip_grad_norm_",
         "torch.autocast.__enter__",
         "torch.save",
