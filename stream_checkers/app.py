@@ -54,6 +54,8 @@ log = logging.getLogger("trainwatch.checker")
 DEAD_LETTER_VALUE_LIMIT = 64 * 1024
 TICK_RESEND_SECONDS = 2.0
 YIELD_EVERY_MESSAGES = 64
+#: Every this many ticks the timer re-reads the whole table and looks for evictions.
+RESCAN_EVERY_TICKS = 20
 
 
 def build_faust_app(config: CheckerConfig) -> faust.App:
@@ -151,6 +153,11 @@ class StreamChecker:
         self._ticks_sent: dict[bytes, float] = {}
         self._positions: dict[int, int] = {}
         self._trend_cache: dict[bytes, tuple[bytes, TrendMonitor, set[int]]] = {}
+        #: In-process index of the table for the timer: key -> (last batch or close time,
+        #: partition).  Rebuilt from the table now and then to pick up restored windows.
+        self._open: dict[bytes, tuple[float, int]] = {}
+        self._closed: dict[bytes, tuple[float, int]] = {}
+        self._ticks = 0
         self.app.agent(self.input_topic, name=f"{config.app_id}.check-windows")(self._check_windows)
         self.app.agent(self.summaries_topic, name=f"{config.app_id}.trend-monitors")(self._monitor_trends)
         self.app.timer(config.tick_interval_seconds)(self._tick)
@@ -184,13 +191,14 @@ class StreamChecker:
             return
         run, step, rank, seq = batch["run"], batch["step"], batch["rank"], batch["seq"]
         events = batch["events"]
-        producer_ts = float(message.timestamp) if message.timestamp else None
-        self.metrics.batch_consumed(run, len(events), producer_ts)
-        self._observe_meta(run, rank, events)
-
         key = window_key(run, step)
         raw = self.windows.get(key)
         record, window = self._load(key, raw)
+        if record is not None and record.has_seen(rank, seq):
+            return  # redelivered after a restart or takeover: already folded (or judged)
+        producer_ts = float(message.timestamp) if message.timestamp else None
+        self.metrics.batch_consumed(run, len(events), producer_ts)
+        self._observe_meta(run, rank, events)
         now = self.clock()
         if record is None:
             _, run_state = self._run_state(run, message.partition)
@@ -200,8 +208,6 @@ class StreamChecker:
             window = self.engine.open(run, step)
             record = WindowRecord(run, step, message.partition, now, now,
                                   summary=StepSummaryBuilder(run, step).to_dict())
-        if record.has_seen(rank, seq):
-            return  # redelivered after a restart: already folded (or already judged)
         if record.closed:
             self.metrics.late_batch(run)
             return
@@ -252,8 +258,13 @@ class StreamChecker:
             await self._close(key, record, window, forced=True)
         elif op == b"evict" and record.closed and now - record.closed_at >= self.config.closed_retention_seconds:
             del self.windows[key]
-            self._cache.drop(key)
-            self._ticks_sent.pop(key, None)
+            self._forget(key)
+
+    def _forget(self, key: bytes) -> None:
+        self._cache.drop(key)
+        self._ticks_sent.pop(key, None)
+        self._open.pop(key, None)
+        self._closed.pop(key, None)
 
     # ------------------------------------------------------------------ windows
     def _load(self, key: bytes, raw: bytes | None) -> tuple[WindowRecord | None, Any]:
@@ -272,6 +283,14 @@ class StreamChecker:
         raw = record.to_bytes()
         self.windows[key] = raw
         self._cache.put(key, raw, record, window)
+        self._index(key, record)
+
+    def _index(self, key: bytes, record: WindowRecord) -> None:
+        if record.closed:
+            self._open.pop(key, None)
+            self._closed[key] = (record.closed_at or 0.0, record.partition)
+        else:
+            self._open[key] = (record.last_batch_at, record.partition)
 
     def _run_state(self, run: str, partition: int) -> tuple[bytes, Any]:
         # Steps of one run are spread over partitions; each partition keeps its own
@@ -393,22 +412,34 @@ class StreamChecker:
     # ------------------------------------------------------------------ timer
     async def _tick(self) -> None:
         now = self.clock()
-        open_windows = 0
+        self._ticks += 1
+        if self._ticks % RESCAN_EVERY_TICKS == 1:
+            self._rescan()
+        grace = self.config.grace_seconds
+        for key, (last_batch_at, partition) in list(self._open.items()):
+            if now - last_batch_at >= grace:
+                await self._request(key, partition, b"close", now)
+        if self._ticks % RESCAN_EVERY_TICKS == 1:
+            retention = self.config.closed_retention_seconds
+            for key, (closed_at, partition) in list(self._closed.items()):
+                if now - closed_at >= retention:
+                    await self._request(key, partition, b"evict", now)
+        self.metrics.open_windows.set(len(self._open))
+        self._update_consumer_lag()
+
+    def _rescan(self) -> None:
+        """Rebuild the timer's index from the table (restored or revoked partitions)."""
+        present = set()
         for key, raw in list(self.windows.items()):
             try:
                 record, _ = self._load(key, raw)
             except Exception:
                 continue
-            if record is None:
-                continue
-            if not record.closed:
-                open_windows += 1
-                if now - record.last_batch_at >= self.config.grace_seconds:
-                    await self._request(key, record.partition, b"close", now)
-            elif now - (record.closed_at or now) >= self.config.closed_retention_seconds:
-                await self._request(key, record.partition, b"evict", now)
-        self.metrics.open_windows.set(open_windows)
-        self._update_consumer_lag()
+            if record is not None:
+                present.add(key)
+                self._index(key, record)
+        for key in (set(self._open) | set(self._closed) | set(self._cache.entries)) - present:
+            self._forget(key)
 
     async def _request(self, key: bytes, partition: int, op: bytes, now: float) -> None:
         if now - self._ticks_sent.get(key, -math.inf) < TICK_RESEND_SECONDS:
