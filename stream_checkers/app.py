@@ -153,6 +153,7 @@ class StreamChecker:
         self._ticks_sent: dict[bytes, float] = {}
         self._positions: dict[int, int] = {}
         self._trend_cache: dict[bytes, tuple[bytes, TrendMonitor, set[int]]] = {}
+        self._run_cache: dict[bytes, tuple[bytes, Any]] = {}
         #: In-process index of the table for the timer: key -> (last batch or close time,
         #: partition).  Rebuilt from the table now and then to pick up restored windows.
         self._open: dict[bytes, tuple[float, int]] = {}
@@ -297,6 +298,9 @@ class StreamChecker:
         # run state so that it moves with the partition on a rebalance.
         key = f"{run}\x00{partition}".encode()
         raw = self.run_states.get(key)
+        cached = self._run_cache.get(key)
+        if cached is not None and raw is not None and cached[0] is raw:
+            return key, cached[1]
         return key, (self.engine.load_run_state(raw) if raw is not None else self.engine.new_run_state(run))
 
     async def _close(self, key: bytes, record: WindowRecord, window: Any, *, forced: bool) -> None:
@@ -305,7 +309,9 @@ class StreamChecker:
         violations = self.engine.evaluate(window, run_state)
         elapsed = time.perf_counter() - started
         self.engine.compact_run_state(run_state)
-        self.run_states[run_key] = self.engine.dump_run_state(run_state)
+        raw_run_state = self.engine.dump_run_state(run_state)
+        self.run_states[run_key] = raw_run_state
+        self._run_cache[run_key] = (raw_run_state, run_state)
         fresh = [v for v in violations if v.get("id") not in record.emitted]
         for violation in fresh:
             await self.violations_topic.send(key=record.run.encode(), value=encode_violation(violation))
