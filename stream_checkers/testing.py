@@ -3,8 +3,9 @@
 `CheckerProcess` runs ``trainwatch serve`` as a child process (so it can be killed
 with SIGKILL like a crashed pod), `read_topic` reads a topic from the beginning with
 a plain kafka-python consumer (manual assignment: no consumer group, which tansu's
-group admin cannot describe), `scrape` parses a ``/metrics`` page, and
-`synthetic_run` builds well-formed batches for a run with chosen faults.
+group admin cannot describe), `scrape`/`metric` read a ``/metrics`` page, and
+`synthetic_step_batch` builds one rank's well-formed batch of a DDP-like step, with
+an optional diverging parameter digest, loss value or missing step end.
 """
 
 from __future__ import annotations
