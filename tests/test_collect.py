@@ -49,8 +49,11 @@ def calls(batches: list[dict], api: str, phase: str = "pre") -> list[tuple[dict,
 
 
 def test_single_process_default_trace_dir_frozen_and_trained_parameters(tmp_path, clean_env):
+    selection = tmp_path / "apis.txt"
+    selection.write_text("# what this test looks at\ntorch.nn.Module.train\ntorch.optim.Optimizer.zero_grad\n")
     result = collect(
-        ["--run-id", "single", "--", sys.executable, str(EXAMPLES / "mlp.py"), "--steps", "3", "--freeze-first-layer"],
+        ["--run-id", "single", "-i", str(selection), "--",
+         sys.executable, str(EXAMPLES / "mlp.py"), "--steps", "3", "--freeze-first-layer"],
         clean_env, cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr
@@ -70,6 +73,8 @@ def test_single_process_default_trace_dir_frozen_and_trained_parameters(tmp_path
         assert pre[step]["0.weight"]["requires_grad"] is False
         for trained in ("2.weight", "4.weight", "4.bias"):
             assert pre[step][trained]["data_digest"] != post[step][trained]["data_digest"], (step, trained)
+    recorded = {e.get("api") for b in batches for e in b["events"] if e["kind"] == "call"}
+    assert recorded == {"torch.nn.Module.train", "torch.optim.Optimizer.zero_grad", "torch.optim.Optimizer.step"}
     run_start = batches[0]["events"][1]
     assert run_start["what"] == "run_start" and run_start["argv"][-3:] == ["--steps", "3", "--freeze-first-layer"]
 
