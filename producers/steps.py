@@ -5,6 +5,11 @@ iteration (a GAN's discriminator and generator) it must end after the *last* one
 The cycle is learnt during the first iteration: the distinct optimizers that step
 before one of them steps again, in order.  Until then the step end is only known in
 hindsight, so the tracker tells the session where to cut retroactively.
+
+Training may switch optimizers (Adam, then LBFGS fine-tuning).  An optimizer outside
+the cycle that steps twice while no cycle optimizer stepped in between replaces the
+cycle, cut the same retroactive way; one that steps now and then next to the cycle
+(an auxiliary head) does not.
 """
 
 from __future__ import annotations
@@ -29,11 +34,23 @@ class OptimizerCycle:
     order: list[int] = field(default_factory=list)
     learnt: bool = False
     _last_post_position: int | None = None
+    #: optimizers outside the learnt cycle that stepped in the open step -> post position
+    _foreign_posts: dict[int, int] = field(default_factory=dict)
 
     def before_step(self, optimizer_id: int) -> CycleDecision:
-        if self.learnt or optimizer_id not in self.order:
-            if not self.learnt:
-                self.order.append(optimizer_id)
+        if self.learnt:
+            if optimizer_id in self.order:
+                self._foreign_posts.clear()
+                return CycleDecision()
+            cut = self._foreign_posts.get(optimizer_id)
+            if cut is None:
+                return CycleDecision()
+            # The cycle went stale: this optimizer alone drives the steps now.
+            self.order = [optimizer_id]
+            self._foreign_posts.clear()
+            return CycleDecision(end_step=True, cut_at=cut)
+        if optimizer_id not in self.order:
+            self.order.append(optimizer_id)
             return CycleDecision()
         # An optimizer steps a second time: the cycle is everything seen so far, and the
         # previous step ended right after the last optimizer of the cycle stepped.
@@ -46,7 +63,13 @@ class OptimizerCycle:
             return CycleDecision()
         if self.order and optimizer_id == self.order[-1]:
             return CycleDecision(end_step=True)
+        if optimizer_id not in self.order:
+            self._foreign_posts[optimizer_id] = buffer_position
         return CycleDecision()
+
+    def step_ended(self) -> None:
+        """Positions are per open step: forget those of the step that just ended."""
+        self._foreign_posts.clear()
 
     @property
     def pending_cut(self) -> int | None:

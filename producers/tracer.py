@@ -429,6 +429,7 @@ class Tracer:
         end = self._event("step", **fields)
         begin = None if final else self._event("step", phase="begin")
         self.recorder.end_step(end, at=cut_at, before_end=before_end, next_begin=begin)
+        self.cycle.step_ended()
         self._pending_end_states = []
         if not final:
             self.training_steps += 1

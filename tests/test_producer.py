@@ -484,3 +484,31 @@ def test_module_zero_grad_is_its_own_family(tmp_path):
     zero = [e for e in calls if e["api"] == "torch.nn.Module.zero_grad"]
     assert len(zero) == 1 and zero[0]["name"] == "torch.nn.modules.container.Sequential.zero_grad"
     assert zero[0]["mtype"] == "Sequential"
+
+
+def test_switching_optimizers_mid_run_keeps_one_step_per_optimizer_step(tmp_path):
+    with producers.instrument(run_id="r-switch", trace_dir=tmp_path):
+        model = nn.Linear(3, 1)
+        _train(model, steps=2, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+        _train(model, steps=3, optimizer=torch.optim.Adam(model.parameters(), lr=0.1))
+    batches = _batches(tmp_path)
+    assert [b["step"] for b in batches] == [0, 1, 2, 3, 4, 5]
+    names = [
+        [e["name"].rsplit(".", 2)[-2] for e in b["events"] if e.get("api") == "torch.optim.Optimizer.step" and e["phase"] == "pre"]
+        for b in batches
+    ]
+    assert names == [["SGD"], ["SGD"], ["Adam"], ["Adam"], ["Adam"], []]
+
+
+def test_an_auxiliary_optimizer_next_to_the_cycle_does_not_split_steps():
+    cycle = OptimizerCycle()
+    for position, (opt, aux) in enumerate([(1, False), (1, True), (1, False), (1, True)]):
+        cycle.before_step(1)
+        decision = cycle.after_step(1, position * 10)
+        if cycle.learnt:
+            assert decision.end_step
+            cycle.step_ended()
+        if aux:
+            assert not cycle.before_step(9).end_step
+            assert not cycle.after_step(9, position * 10 + 5).end_step
+    assert cycle.order == [1]
