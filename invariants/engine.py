@@ -202,7 +202,7 @@ class StepWindows:
     arrives for its run (a rank that is that far behind is reported missing).
     ``close_when_complete``: close a window as soon as every rank reported its end.
     Replaying trace files merged in step order (`replay`) turns it off and uses
-    ``grace_steps=1`` instead, because helper processes of a rank (DataLoader workers)
+    ``grace_steps=1`` instead, because worker processes of a rank (DataLoader workers)
     write their own files whose batches for a step may come after the rank's step end.
     ``on_close`` sees every closed window before it is evicted (inference uses it).
     """

@@ -109,7 +109,7 @@ class Inferencer:
 
         ``sorted_by_step``: batches come in step order per run (as `trainwatch.tracedir`
         merges them), so a window is complete once a later step shows up, including
-        batches from a rank's helper processes.  Otherwise windows close when every
+        batches from a rank's worker processes.  Otherwise windows close when every
         rank reported the step end, and later batches of that step are ignored.
         """
         self.traces += 1

@@ -168,7 +168,7 @@ def test_console_entry_point_exit_codes(traces):
     assert usage.returncode == 2
 
 
-def test_helper_process_files_join_their_rank_step_window(tmp_path, capsys):
+def test_worker_process_files_join_their_rank_step_window(tmp_path, capsys):
     """DataLoader workers write their own trace files; their step-0 batches arrive after
     rank 0 already ended step 0 in its own file, and must still be checked."""
     from invariants.events import make_batch

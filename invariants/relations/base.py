@@ -81,7 +81,7 @@ def is_scalar(value: Any) -> bool:
 
 
 class WindowView:
-    """Read-only helpers over a `WindowState`, computed once per evaluation."""
+    """Read-only queries over a `WindowState`, computed once per evaluation."""
 
     def __init__(self, window: WindowState, rank_local: Mapping[str, Any] | None = None) -> None:
         self.window = window
