@@ -3,9 +3,11 @@ were not registered as torch symbols lost their autocast transformation, so ``re
 and friends ran in full precision under ``autocast``).
 
 Training runs under ``torch.autocast("cpu", dtype=torch.bfloat16)``. From the onset the
-MLP block switches to a "fused" implementation — a custom autograd function declared
-with ``custom_fwd(cast_inputs=torch.float32)`` — so inside the autocast region that
-block computes and returns fp32 while the rest of the model runs in bf16.
+MLP block switches its projection to a "fused" kernel — a custom autograd function
+declared with ``custom_fwd(cast_inputs=torch.float32)`` — so inside the autocast region
+that projection runs in fp32, and the block's ``ReLU`` returns fp32 where every other
+activation returns bf16 (the case's catching symptom: ``relu`` output dtype under
+autocast).
 """
 
 from __future__ import annotations
@@ -17,12 +19,12 @@ from torch.nn import functional as F
 from _common import bug_active, parse_args
 
 
-class _FusedLinearGelu(torch.autograd.Function):
+class _FusedLinear(torch.autograd.Function):
     @staticmethod
     @torch.amp.custom_fwd(device_type="cpu", cast_inputs=torch.float32)
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         ctx.save_for_backward(x, weight, bias)
-        return F.gelu(F.linear(x, weight, bias))
+        return F.linear(x, weight, bias)
 
     @staticmethod
     @torch.amp.custom_bwd(device_type="cpu")
@@ -32,7 +34,7 @@ class _FusedLinearGelu(torch.autograd.Function):
             x = x.detach().requires_grad_()
             weight = weight.detach().requires_grad_()
             bias = bias.detach().requires_grad_()
-            out = F.gelu(F.linear(x, weight, bias))
+            out = F.linear(x, weight, bias)
         return torch.autograd.grad(out, (x, weight, bias), grad)
 
 
@@ -40,12 +42,12 @@ class MLPBlock(nn.Module):
     def __init__(self, width: int) -> None:
         super().__init__()
         self.fc = nn.Linear(width, width)
+        self.act = nn.ReLU()
         self.fused = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fused:
-            return _FusedLinearGelu.apply(x, self.fc.weight, self.fc.bias)
-        return F.gelu(self.fc(x))
+        projected = _FusedLinear.apply(x, self.fc.weight, self.fc.bias) if self.fused else self.fc(x)
+        return self.act(projected)
 
 
 class Model(nn.Module):

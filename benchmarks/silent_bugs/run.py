@@ -96,12 +96,19 @@ def render(rows: list[dict], held_out: dict, command: str, seconds: float, curat
     lines = [BEGIN, "## Silent-bug benchmark (benchmarks/silent_bugs)", ""]
     lines += [f"Command: `{command}` — {seconds / 60:.1f} min on {platform.machine()} "
               f"({time.strftime('%Y-%m-%d', time.gmtime())}); one training thread per rank, CPU only.", ""]
+    reasons: dict[str, int] = {}
+    for why in curation.get("dropped", {}).values():
+        key = why[0].split(":")[0] if why and (why[0].startswith("support") or why[0] in
+                                                   ("dtype-artefact", "configuration-pin")) else "fired"
+        reasons[key] = reasons.get(key, 0) + 1
     lines += [f"Default set: {curation.get('kept', '?')} invariants kept of {curation.get('candidates', '?')} "
               f"inferred from {len(REFERENCES)} reference pipelines (seed {build_default_set.INFERENCE['seed']}, "
-              f"{build_default_set.INFERENCE['steps']} steps); {len(curation.get('dropped', {}))} dropped because they "
-              f"fired on a healthy validation run (seed {build_default_set.VALIDATION['seed']}, "
-              f"{build_default_set.VALIDATION['steps']} steps) or were supported by fewer than "
-              f"{build_default_set.MIN_SUPPORT} pipelines ({curation.get('single_pipeline', 0)} of those).", ""]
+              f"{build_default_set.INFERENCE['steps']} steps). Dropped: {reasons.get('support', 0)} pipeline-specific "
+              f"(user class or call order seen in fewer than {build_default_set.MIN_SUPPORT} pipelines), "
+              f"{reasons.get('dtype-artefact', 0)} fp32-only dtype constants, {reasons.get('configuration-pin', 0)} "
+              f"argument pins, {reasons.get('fired', 0)} that fired on a healthy validation run (seed "
+              f"{build_default_set.VALIDATION['seed']}, {build_default_set.VALIDATION['steps']} steps, or the core's "
+              f"synthetic healthy runs).", ""]
     for mode, title in (("default", "shipped default set (`trainwatch check TRACE_DIR`, no `-i`)"),
                         ("inferred", "invariants inferred from the references + the bug's healthy twin (other seed)")):
         detected = sum(1 for r in rows if r[mode]["detection"]["detected"])
