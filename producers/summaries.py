@@ -21,19 +21,17 @@ MAX_DEPTH = 2
 NameLookup = Callable[[torch.Tensor], "str | None"]
 
 
-_LAYOUTS: dict[tuple[torch.dtype, torch.Size], tuple[tuple[int, ...], str, int]] = {}
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
 _DEVICES: dict[torch.device, str] = {}
 
 
 def tensor_layout(tensor: torch.Tensor) -> tuple[tuple[int, ...], str, int]:
-    """(shape, dtype name, numel), memoised: built for every recorded tensor."""
-    key = (tensor.dtype, tensor.shape)
-    found = _LAYOUTS.get(key)
-    if found is None:
-        found = (tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."), int(tensor.numel()))
-        if len(_LAYOUTS) < 65536:  # bounded: a model has few distinct shapes
-            _LAYOUTS[key] = found
-    return found
+    """(shape, dtype name, numel); dtype names are memoised (``str(dtype)`` is slow)."""
+    dtype = tensor.dtype
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES.setdefault(dtype, str(dtype).removeprefix("torch."))
+    return tuple(tensor.shape), name, tensor.numel()
 
 
 def device_name(device: torch.device) -> str:

@@ -106,6 +106,7 @@ class Tracer:
         self._record_forward = selection.wants(MODULE_FORWARD)
         self._snapshots = selection.snapshots
         self._autocast_devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+        self._class_names: dict[type, tuple[str, str]] = {}
         self.recorder.append(self._event("step", phase="begin"))
 
     # -- small helpers --------------------------------------------------------------
@@ -297,10 +298,19 @@ class Tracer:
         return taken
 
     # -- module forward (global hooks) ----------------------------------------------
+    # These two run for every module call of the model, so they build their events
+    # directly (no keyword plumbing) and memoise the per-class names.
+    def _forward_names(self, cls: type) -> tuple[str, str]:
+        names = self._class_names.get(cls)
+        if names is None:
+            names = (f"{cls.__module__}.{cls.__qualname__}.forward", cls.__name__)
+            self._class_names[cls] = names
+        return names
+
     def forward_pre(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
-        if not self.enabled or self._tls.busy or self.skip_compiled():
-            return
         tls = self._tls
+        if not self.enabled or tls.busy or self.skip_compiled():
+            return
         try:
             depth = tls.depth
             tls.depth = depth + 1
@@ -316,21 +326,26 @@ class Tracer:
                 return
             cid = next(self._cids)
             stack = tls.stack
-            cls = type(module)
-            event = self._event(
-                "call",
-                name=f"{cls.__module__}.{cls.__qualname__}.forward",
-                api=MODULE_FORWARD,
-                phase="pre",
-                cid=cid,
-                parent=stack[-1] if stack else None,
-                module=tls.root_paths.get(id(module)),
-                mtype=cls.__name__,
-                training=bool(module.training),
-                args={"0": summarize(args[0], self.registry.name_of)} if args else {},
-                ctx=self._ctx(),
+            name, mtype = self._forward_names(type(module))
+            self._record(
+                {
+                    "kind": "call",
+                    "t": time.time_ns(),
+                    "pid": self.pid,
+                    "tid": threading.get_native_id(),
+                    "stage": self.stage,
+                    "name": name,
+                    "api": MODULE_FORWARD,
+                    "phase": "pre",
+                    "cid": cid,
+                    "parent": stack[-1] if stack else None,
+                    "module": tls.root_paths.get(id(module)),
+                    "mtype": mtype,
+                    "training": module.training,
+                    "args": {"0": summarize(args[0], self.registry.name_of)} if args else {},
+                    "ctx": self._ctx(),
+                }
             )
-            self._record(event)
             stack.append(cid)
             tls.forward_cids.append(cid)
         except Exception as exc:
@@ -338,30 +353,35 @@ class Tracer:
             self.internal_error("module forward pre-hook", exc)
 
     def forward_post(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        if not self.enabled or self._tls.busy or _is_compiling():
-            return
         tls = self._tls
+        if not self.enabled or tls.busy or _is_compiling():
+            return
         try:
             if tls.depth > 0:
                 tls.depth -= 1
             cid = tls.forward_cids.pop() if tls.forward_cids else None
             if cid is None:
                 return
-            if tls.stack and tls.stack[-1] == cid:
-                tls.stack.pop()
-            cls = type(module)
+            stack = tls.stack
+            if stack and stack[-1] == cid:
+                stack.pop()
+            name, mtype = self._forward_names(type(module))
             self._record(
-                self._event(
-                    "call",
-                    name=f"{cls.__module__}.{cls.__qualname__}.forward",
-                    api=MODULE_FORWARD,
-                    phase="post",
-                    cid=cid,
-                    module=tls.root_paths.get(id(module)),
-                    mtype=cls.__name__,
-                    training=bool(module.training),
-                    ret=summarize(output, self.registry.name_of),
-                )
+                {
+                    "kind": "call",
+                    "t": time.time_ns(),
+                    "pid": self.pid,
+                    "tid": threading.get_native_id(),
+                    "stage": self.stage,
+                    "name": name,
+                    "api": MODULE_FORWARD,
+                    "phase": "post",
+                    "cid": cid,
+                    "module": tls.root_paths.get(id(module)),
+                    "mtype": mtype,
+                    "training": module.training,
+                    "ret": summarize(output, self.registry.name_of),
+                }
             )
         except Exception as exc:
             self.internal_error("module forward hook", exc)
