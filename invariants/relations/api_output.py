@@ -57,16 +57,17 @@ class APIOutput(Template):
         return family[0] == "constant"
 
     def sites(self, view: WindowView, families: Any = None) -> Iterator[Site]:
-        wanted = None if families is None else {f[1] for f in families}
+        # checking: only (api, module type) pairs some deployed rule is about
+        wanted = None if families is None else {(f[1], f[2]) for f in families}
         for rank in view.ranks():
             for call in view.calls(rank):
                 if "ret" not in call or call.get("exc"):
                     continue
                 api = call["api"]
-                if wanted is not None and api not in wanted:
-                    continue
                 # module forwards differ by module type: a rule is about one type
                 mtype = call.get("mtype") or ""
+                if wanted is not None and (api, mtype) not in wanted:
+                    continue
                 ret = call["ret"]
                 stage = call.get("stage", "")
                 record = lazy(lambda call=call, rank=rank: [view.call_record(call, rank)])

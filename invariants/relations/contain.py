@@ -100,16 +100,18 @@ class EventContain(Template):
     # ------------------------------------------------------------------ child calls
     def _call_sites(self, view: WindowView, families: Any) -> Iterator[Site]:
         apis = None if families is None else {f[1] for f in families if f[0] == "call"}
+        # (api, module type) pairs some deployed rule is about
+        pairs = None if families is None else {(f[1], f[2]) for f in families if f[0] == "call"}
         if apis is not None and not apis:
             return
         for rank in view.ranks():
-            children = view.children(rank)
             for call in view.calls(rank):
                 api = call["api"]
-                if apis is not None and api not in apis:
+                if pairs is not None and (api, call.get("mtype") or "") not in pairs:
                     continue
                 if not call.get("done"):
                     continue
+                children = view.children(rank)  # cached per rank by the view
                 family = ("call", api, call.get("mtype") or "")
                 if families is not None and family not in families:
                     continue

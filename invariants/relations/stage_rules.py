@@ -189,11 +189,11 @@ class TrainingFlag(Template):
         return False
 
     def sites(self, view: WindowView, families: Any = None) -> Iterator[Site]:
-        wanted = None if families is None else {f[1] for f in families}
+        wanted = None if families is None else {(f[1], f[2]) for f in families}
         for rank in view.ranks():
             for call in view.calls(rank):
                 api = call["api"]
-                if wanted is not None and api not in wanted:
+                if wanted is not None and (api, call.get("mtype") or "") not in wanted:
                     continue
                 flag = call.get("training")
                 if not isinstance(flag, bool):
