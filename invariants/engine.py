@@ -26,6 +26,7 @@ from .model import Violation
 from .relations import ALL_RANKS_REPORT
 from .relations.base import WindowView
 from .relations.consistent import replication_baseline
+from .relations.stable_variables import variable_counts
 from .window import FactPlan, WindowState
 
 #: Offending sites listed per violation; the count of all of them is always reported.
@@ -40,7 +41,7 @@ class RunState:
     """
 
     __slots__ = ("run", "world", "closed_below", "closed_above", "last_step_by_rank", "windows_closed", "violations",
-                 "rank_local")
+                 "rank_local", "variable_counts")
 
     def __init__(self, run: str) -> None:
         self.run = run
@@ -53,6 +54,8 @@ class RunState:
         #: attr -> variables that differ across ranks from step 0 on while others agree
         #: (expert/tensor-parallel shards): cross-rank rules skip them.  Set by step 0.
         self.rank_local: dict[str, list[str]] = {}
+        #: at -> rank -> variables snapshotted at step 0 (StableVariables' baseline)
+        self.variable_counts: dict[str, dict[int, int]] = {}
 
     @property
     def highest_closed(self) -> int:
@@ -73,7 +76,7 @@ class RunState:
     def to_bytes(self) -> bytes:
         return msgpack.packb(
             [self.run, self.world, self.closed_below, sorted(self.closed_above), self.last_step_by_rank,
-             self.windows_closed, self.violations, self.rank_local],
+             self.windows_closed, self.violations, self.rank_local, self.variable_counts],
             use_bin_type=True,
         )
 
@@ -82,6 +85,8 @@ class RunState:
         run, world, below, above, last, closed, violations, *rest = msgpack.unpackb(data, raw=False, strict_map_key=False)
         state = cls(run)
         state.rank_local = dict(rest[0]) if rest else {}
+        counts = rest[1] if len(rest) > 1 else {}
+        state.variable_counts = {at: {int(r): n for r, n in per.items()} for at, per in counts.items()}
         state.world, state.closed_below, state.closed_above = world, below, set(above)
         state.last_step_by_rank = {int(k): v for k, v in last.items()}
         state.windows_closed, state.violations = closed, violations
@@ -111,13 +116,15 @@ class Engine:
     def evaluate(self, window: WindowState, run_state: RunState) -> list[Violation]:
         """Violations of one closed window.
 
-        Reads only the window, except for one run-level fact learned at step 0: which
-        variables are rank-local (`replication_baseline`).  Windows that close before
+        Reads only the window, except for run-level facts learned at step 0: which
+        variables are rank-local (`replication_baseline`) and how many variables each
+        snapshot point tracks (`variable_counts`).  Windows that close before
         step 0 does (only possible when streaming out of order) judge every variable.
         """
         if window.step == 0:
             run_state.rank_local = replication_baseline(window)
-        view = WindowView(window, run_state.rank_local)
+            run_state.variable_counts = variable_counts(window)
+        view = WindowView(window, run_state.rank_local, run_state.variable_counts)
         found: dict[str, Violation] = {}
         counts: dict[str, int] = {}
         for relation, families in self.invariant_set.by_family.items():

@@ -29,6 +29,7 @@ from .precondition import SignatureCache, infer_precondition
 from .relations import TEMPLATES
 from .relations.base import Template, WindowView
 from .relations.consistent import replication_baseline
+from .relations.stable_variables import variable_counts
 from .window import FactPlan, WindowState
 
 #: A hypothesis whose examples come in more distinct shapes than this is noise (its
@@ -62,6 +63,7 @@ class Inferencer:
         self.traces = 0
         #: run -> rank-local variables found at its step 0 (see replication_baseline)
         self.rank_local: dict[str, dict[str, list[str]]] = {}
+        self.variable_counts: dict[str, dict[str, dict[int, int]]] = {}
         self._signature = SignatureCache()
 
     # ------------------------------------------------------------------ feeding
@@ -69,7 +71,8 @@ class Inferencer:
         self.windows += 1
         if window.step == 0:
             self.rank_local[window.run] = replication_baseline(window)
-        view = WindowView(window, self.rank_local.get(window.run))
+            self.variable_counts[window.run] = variable_counts(window)
+        view = WindowView(window, self.rank_local.get(window.run), self.variable_counts.get(window.run))
         for template in self.templates:
             if hasattr(template, "infer_observe"):
                 template.infer_observe(view, self.custom.setdefault(template.relation, {}))

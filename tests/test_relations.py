@@ -226,3 +226,18 @@ def test_replicas_never_synchronised_are_reported_from_step_zero():
     inv = find("Consistent", scope="ranks", at="post:torch.optim.Optimizer.step", attr="data_digest")
     unsynced = _rank_local(list(SyntheticRun(run="nosync", world=2, steps=3).batches()), None)
     assert [v.step for v in check([inv], unsynced)] == [0, 1, 2]
+
+
+def test_variable_set_change_mid_run_is_reported():
+    inv = find("StableVariables", at="post:torch.optim.Optimizer.step")
+    assert check([inv], SyntheticRun(run="ok", world=2, steps=5, seed=4).batches()) == []
+    batches = list(SyntheticRun(run="grown", world=2, steps=5, seed=4).batches())
+    for batch in batches:  # from step 3 rank 1's optimizer also steps a new parameter
+        if batch["step"] >= 3 and batch["rank"] == 1:
+            extra = [dict(e, name="module.new.weight") for e in batch["events"]
+                     if e["kind"] == "state" and e["name"] == "module.fc1.weight"]
+            batch["events"] = batch["events"][:-1] + extra + batch["events"][-1:]
+    violations = check([inv], batches)
+    assert [(v.step, v.ranks) for v in violations] == [(3, [1]), (4, [1])]
+    first = violations[0].evidence["first"]
+    assert first["count_at_step_0"] == 7 and first["count"] == 8 and "module.new.weight" in first["names"]

@@ -9,6 +9,7 @@ from .base import Site, Template, WindowView
 from .consistent import Consistent
 from .contain import EventContain
 from .sequence import APISequence
+from .stable_variables import StableVariables
 from .stage_rules import AllRanksReport, APIAbsent, TrainingFlag
 
 TEMPLATES: dict[str, Template] = {
@@ -22,6 +23,7 @@ TEMPLATES: dict[str, Template] = {
         APIAbsent(),
         AllRanksReport(),
         TrainingFlag(),
+        StableVariables(),
     )
 }
 

@@ -83,13 +83,16 @@ def is_scalar(value: Any) -> bool:
 class WindowView:
     """Read-only queries over a `WindowState`, computed once per evaluation."""
 
-    def __init__(self, window: WindowState, rank_local: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, window: WindowState, rank_local: Mapping[str, Any] | None = None,
+                 variable_counts: Mapping[str, Any] | None = None) -> None:
         self.window = window
         self.run = window.run
         self.step = window.step
         #: attr -> names of variables that are not replicas across ranks in this run
         #: (see `consistent.replication_baseline`)
         self.rank_local: Mapping[str, Any] = rank_local or {}
+        #: at -> rank -> number of variables snapshotted at step 0 (StableVariables)
+        self.variable_counts: Mapping[str, Any] = variable_counts or {}
         self._calls: dict[int, list[dict[str, Any]]] = {}
         self._children: dict[int, dict[str, list[dict[str, Any]]]] = {}
 
