@@ -56,6 +56,9 @@ TICK_RESEND_SECONDS = 2.0
 YIELD_EVERY_MESSAGES = 64
 #: Every this many ticks the timer re-reads the whole table and looks for evictions.
 RESCAN_EVERY_TICKS = 20
+#: Changelog writes of per-run bookkeeping are thinned out; see `_close` and the trend agent.
+RUN_STATE_WRITE_EVERY = 16
+TREND_WRITE_EVERY = 8
 
 
 def build_faust_app(config: CheckerConfig) -> faust.App:
@@ -154,6 +157,7 @@ class StreamChecker:
         self._positions: dict[int, int] = {}
         self._trend_cache: dict[bytes, tuple[bytes, TrendMonitor, set[int]]] = {}
         self._run_cache: dict[bytes, tuple[bytes, Any]] = {}
+        self._write_counts: dict[bytes, int] = {}
         #: In-process index of the table for the timer: key -> (last batch or close time,
         #: partition).  Rebuilt from the table now and then to pick up restored windows.
         self._open: dict[bytes, tuple[float, int]] = {}
@@ -309,9 +313,12 @@ class StreamChecker:
         violations = self.engine.evaluate(window, run_state)
         elapsed = time.perf_counter() - started
         self.engine.compact_run_state(run_state)
-        raw_run_state = self.engine.dump_run_state(run_state)
-        self.run_states[run_key] = raw_run_state
-        self._run_cache[run_key] = (raw_run_state, run_state)
+        if self._due(run_key, RUN_STATE_WRITE_EVERY):
+            # The run state is bookkeeping (late answers after marker eviction); the
+            # window markers carry what recovery needs, so it is persisted every few closes.
+            raw_run_state = self.engine.dump_run_state(run_state)
+            self.run_states[run_key] = raw_run_state
+            self._run_cache[run_key] = (raw_run_state, run_state)
         fresh = [v for v in violations if v.get("id") not in record.emitted]
         for violation in fresh:
             await self.violations_topic.send(key=record.run.encode(), value=encode_violation(violation))
@@ -379,14 +386,23 @@ class StreamChecker:
             alerts = monitor.observe(summary)
             for alert in alerts:
                 await self.violations_topic.send(key=key, value=encode_violation(alert.to_violation_dict()))
-            raw = msgpack.packb({"monitor": monitor.to_dict(), "live": sorted(live)})
-            self.trends[key] = raw
-            self._trend_cache[key] = (raw, monitor, live)
+            if alerts or envelope.get("lifecycle") or self._due(b"trend\x00" + key, TREND_WRITE_EVERY):
+                # Steps that raised an alert are always persisted (so a replay cannot
+                # repeat it); quiet steps only every few, to spare changelog records.
+                raw = msgpack.packb({"monitor": monitor.to_dict(), "live": sorted(live)})
+                self.trends[key] = raw
+                self._trend_cache[key] = (raw, monitor, live)
             if alerts:
                 await self.app.producer.flush()
             for alert in alerts:
                 self.metrics.trend_alert(alert.run, alert.rule)
                 self._report(alert.to_violation_dict(), invariant=False)
+
+    def _due(self, key: bytes, every: int) -> bool:
+        """True on the first and then every ``every``-th call for ``key``."""
+        count = self._write_counts.get(key, 0)
+        self._write_counts[key] = count + 1
+        return count % every == 0
 
     def _trend_state(self, key: bytes, run: str) -> tuple[TrendMonitor, set[int]]:
         """The run's monitor, decoded only when the table holds bytes we did not write."""

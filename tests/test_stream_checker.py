@@ -204,10 +204,13 @@ def _kill_and_recover(kafka_broker, checker, pinned_invariants: str, *, takeover
     assert len(_invariant_violations(kafka_broker.bootstrap)) >= 5
     first.kill()
     produce(kafka_broker.bootstrap, EVENTS, after)
-    if not takeover:
-        checker("w1-restarted", slow_grace)
-    wait_until(lambda: {v["id"] for v in _invariant_violations(kafka_broker.bootstrap)} >= expected, 90,
-               what="every violation after the crash")
+    survivor = checker("w1-restarted", slow_grace) if not takeover else second
+    try:
+        wait_until(lambda: {v["id"] for v in _invariant_violations(kafka_broker.bootstrap)} >= expected, 90,
+                   what="every violation after the crash")
+    except TimeoutError:
+        found = {(v["step"], v["relation"]) for v in _invariant_violations(kafka_broker.bootstrap)}
+        pytest.fail(f"violations after the crash: {sorted(found)}\nsurvivor log:\n{survivor.log_text()[-3000:]}")
     ids = [v["id"] for v in _invariant_violations(kafka_broker.bootstrap)]
     duplicates = [i for i, n in collections.Counter(ids).items() if n > 1]
     assert not duplicates
