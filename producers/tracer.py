@@ -33,7 +33,7 @@ from .params import PARAMETER_VTYPE, ParameterRegistry, snapshot_attrs
 from .recorder import StepRecorder
 from .selection import MODULE_FORWARD, OPTIMIZER_STEP, OPTIMIZER_ZERO_GRAD, WORKER_INIT, Selection
 from .steps import OptimizerCycle
-from .summaries import summarize, summarize_optimizer
+from .summaries import summarize
 
 SNAPSHOT_APIS = frozenset({OPTIMIZER_STEP, OPTIMIZER_ZERO_GRAD})
 REFRESH_EVERY_STEPS = 16

@@ -6,7 +6,6 @@ cases are few and tiny.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
