@@ -1,7 +1,9 @@
 """Fine-tuning with a frozen backbone: a "pretrained" conv feature extractor has
 ``requires_grad_(False)`` and stays in eval mode (frozen BatchNorm statistics); only a
 new classification head is optimised (SGD), and only its parameters are given to the
-optimizer."""
+optimizer. At ``--unfreeze-at`` the backbone is unfrozen and joins the optimizer as a
+second parameter group with a smaller learning rate (gradual unfreezing, as in ULMFiT-style
+fine-tuning): the set of optimised parameters legitimately changes mid-run."""
 
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--unfreeze-at", type=int, default=3, help="step at which the backbone joins training")
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
@@ -49,6 +52,9 @@ def main() -> None:
 
     model.train()
     for step in range(args.steps):
+        if step == args.unfreeze_at:
+            model.backbone.requires_grad_(True)
+            optimizer.add_param_group({"params": list(model.backbone.parameters()), "lr": 0.005})
         labels = torch.randint(0, 4, (16,), generator=generator)
         images = prototypes[labels] + 0.5 * torch.randn(16, 3, 8, 8, generator=generator)
         optimizer.zero_grad()

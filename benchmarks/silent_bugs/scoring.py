@@ -41,7 +41,13 @@ def rank_violations(violations: Sequence[dict[str, Any]], root_cause: Iterable[s
     return sorted(violations, key=lambda v: v.get("step", 0))
 
 
-def score(violations: Sequence[dict[str, Any]], onset: int, root_cause: Sequence[str]) -> Detection:
+def score(violations: Sequence[dict[str, Any]], onset: int, root_cause: Sequence[str],
+          twin_violations: Sequence[dict[str, Any]] = ()) -> Detection:
+    """Judge one buggy run. An invariant that the healthy twin violates too says nothing
+    about the bug (it fires on the shared, healthy part of the program), so its
+    violations do not count as a detection."""
+    shared = {v.get("invariant") for v in twin_violations}
+    violations = [v for v in violations if v.get("invariant") not in shared]
     early = [v for v in violations if v.get("step", 0) < onset]
     late = rank_violations([v for v in violations if v.get("step", 0) >= onset])
     if not late:
