@@ -91,3 +91,32 @@ def test_scoring_separates_onset_late_and_early_violations():
     detection = score(early, onset, ["zzz"])
     assert detection.early_violations == 1 and detection.first_step == 4 and not detection.names_root_cause
     assert score([], onset, []).first_step is None
+
+
+def test_curation_rules_keep_behaviour_and_drop_artefacts():
+    from build_default_set import (
+        is_configuration_pin,
+        is_dtype_artefact,
+        is_pipeline_specific,
+        without_helper_context_guard,
+    )
+
+    autocast = {"negated": False, "any": [{"all": [{"field": "ctx.autocast", "kind": "constant", "values": ["bfloat16"]}]}]}
+    dtype = {"relation": "APIOutput", "params": {"form": "constant", "prop": "dtype", "value": "float32"}}
+    assert is_dtype_artefact({**dtype, "precondition": None})
+    assert not is_dtype_artefact({**dtype, "precondition": autocast})
+    assert not is_dtype_artefact({"relation": "APIOutput", "params": {"form": "same_as_input", "prop": "dtype"}})
+
+    assert is_pipeline_specific({"relation": "APISequence", "params": {}})
+    assert is_pipeline_specific({"relation": "TrainingFlag", "params": {"mtype": "TinyGPT"}})
+    assert not is_pipeline_specific({"relation": "TrainingFlag", "params": {"mtype": "Dropout"}})
+    assert not is_pipeline_specific({"relation": "Consistent", "params": {}})
+
+    call = {"relation": "EventContain", "params": {"form": "call", "child": "torch.nn.functional.dropout"}}
+    assert is_configuration_pin({**call, "params": {**call["params"], "args": {"p": 0.1}}})
+    assert not is_configuration_pin({**call, "params": {**call["params"], "args": {"training": True}}})
+
+    guarded = {"id": "inv-x", "apis": ["torch.utils.data.worker_init"], "precondition": autocast}
+    assert without_helper_context_guard(guarded) == {"apis": ["torch.utils.data.worker_init"], "precondition": None}
+    other = {"id": "inv-y", "apis": ["torch.nn.Module.forward"], "precondition": autocast}
+    assert without_helper_context_guard(other) is other
