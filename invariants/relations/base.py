@@ -76,6 +76,13 @@ def thaw(value: Any) -> Any:
     return value
 
 
+_HEX = frozenset("0123456789abcdef:x")
+
+
+def _low_cardinality(text: str) -> bool:
+    return len(text) <= 24 and "/" not in text and not (len(text) >= 8 and set(text.lower()) <= _HEX)
+
+
 def is_scalar(value: Any) -> bool:
     return isinstance(value, (str, bool, int, float)) and not (isinstance(value, float) and value != value)
 
@@ -146,7 +153,9 @@ class WindowView:
         args = call.get("args")
         if args:
             for key, value in args.items():
-                if isinstance(value, (bool, str)):
+                # flags and short names (modes, reduce ops) can scope a rule; digests, paths
+                # and other one-off strings would only multiply example shapes
+                if isinstance(value, bool) or (isinstance(value, str) and _low_cardinality(value)):
                     record[f"args.{key}"] = value
         if call.get("exc"):
             record["raised"] = True
