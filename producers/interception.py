@@ -311,12 +311,13 @@ def _patch_worker_loop(tracer: Tracer) -> PatchHandle:
                 num_workers = int(bound.arguments.get("num_workers", 0))
 
                 def init_fn(worker_id: int) -> None:
+                    # After the user's init: its reseeding is part of what is reported.
+                    if user_init is not None:
+                        user_init(worker_id)
                     try:
                         tracer.worker_started(worker_id, num_workers)
                     except Exception as exc:
                         tracer.internal_error("DataLoader worker start", exc)
-                    if user_init is not None:
-                        user_init(worker_id)
 
                 bound.arguments["init_fn"] = init_fn
                 args, kwargs = bound.args, bound.kwargs

@@ -32,6 +32,16 @@ class ParamEntry:
     param: torch.Tensor
     module: str | None
     mtype: str | None
+    #: for a tied parameter's second (third...) name: the name it is snapshotted under first
+    alias_of: str | None = None
+
+
+#: Attributes that Megatron-LM / DeepSpeed-style frameworks set on parameters to say how
+#: they are sharded; captured when present so cross-rank rules can be scoped.
+PARALLEL_ATTRIBUTES = (
+    "tensor_model_parallel", "partition_dim", "partition_stride", "sequence_parallel",
+    "allreduce", "expert", "moe", "group_name", "shared",
+)
 
 
 class ParameterRegistry:
@@ -43,6 +53,9 @@ class ParameterRegistry:
         self._optimizers: list[weakref.ref[torch.optim.Optimizer]] = []
         self._optimizer_ids: dict[int, int] = {}
         self._by_id: dict[int, ParamEntry] = {}
+        self._aliases: list[ParamEntry] = []  # tied parameters under their other names
+        #: names may be out of date (a new root, or an optimizer parameter no root named)
+        self.stale = False
         self._module_paths: "weakref.WeakKeyDictionary[torch.nn.Module, dict[int, str]]" = weakref.WeakKeyDictionary()
 
     # -- discovery ------------------------------------------------------------------
@@ -75,6 +88,7 @@ class ParameterRegistry:
     def refresh(self) -> None:
         """Re-read names (modules may have been swapped since); called once per step."""
         self._by_id = {}
+        self._aliases = []
         for index, root_ref in enumerate(self._roots):
             root = root_ref()
             if root is not None:
@@ -87,17 +101,22 @@ class ParameterRegistry:
             optimizer = opt_ref()
             if optimizer is not None:
                 self._index_optimizer(optimizer, index)
+        self.stale = False
 
     def _index_root(self, root: torch.nn.Module, index: int) -> None:
         prefix = "" if index == 0 else f"r{index}."
         for module_path, module in root.named_modules():
             mtype = type(module).__name__
             for local_name, param in module.named_parameters(recurse=False):
+                name = prefix + (f"{module_path}.{local_name}" if module_path else local_name)
                 existing = self._by_id.get(id(param))
                 if existing is not None and existing.module is not None:
-                    continue  # shared/tied parameter: the first module path names it
-                name = f"{module_path}.{local_name}" if module_path else local_name
-                self._by_id[id(param)] = ParamEntry(prefix + name, param, module_path, mtype)
+                    # A tied parameter: also snapshot it under this name, so that a tie
+                    # that breaks later shows up as two names whose digests part.
+                    if existing.name != name:
+                        self._aliases.append(ParamEntry(name, param, module_path, mtype, alias_of=existing.name))
+                    continue
+                self._by_id[id(param)] = ParamEntry(name, param, module_path, mtype)
 
     def _index_optimizer(self, optimizer: torch.optim.Optimizer, index: int) -> None:
         for group_index, group in enumerate(optimizer.param_groups):
@@ -105,6 +124,8 @@ class ParameterRegistry:
                 if id(param) not in self._by_id:
                     name = f"opt{index}.g{group_index}.p{param_index}"
                     self._by_id[id(param)] = ParamEntry(name, param, None, None)
+                    # A parameter no root named yet: modules may have been swapped.
+                    self.stale = True
 
     # -- lookups --------------------------------------------------------------------
     def name_of(self, tensor: torch.Tensor) -> str | None:
@@ -112,7 +133,7 @@ class ParameterRegistry:
         return entry.name if entry is not None and entry.param is tensor else None
 
     def all_entries(self) -> list[ParamEntry]:
-        return list(self._by_id.values())
+        return list(self._by_id.values()) + self._aliases
 
     def optimizer_entries(self, optimizer: torch.optim.Optimizer) -> list[ParamEntry]:
         entries = []
@@ -124,6 +145,9 @@ class ParameterRegistry:
                     entry = self._by_id.get(id(param))
                 if entry is not None:
                     entries.append(entry)
+        if self._aliases:
+            mine = {id(entry.param) for entry in entries}
+            entries.extend(alias for alias in self._aliases if id(alias.param) in mine)
         return entries
 
     @property
@@ -153,18 +177,20 @@ def snapshot_attrs(entries: Iterable[ParamEntry], *, data: bool = True) -> list[
     """Attributes of each parameter: metadata, grad digest/norm and (if ``data``) data digest/norm.
 
     Around ``zero_grad`` only gradients can change, so those snapshots skip the data
-    (the most expensive half on large models); the step snapshots carry both.
+    (the most expensive half on large models); the step snapshots carry both.  A tied
+    parameter is digested once and reported under each of its names.
     """
     entries = list(entries)
+    primaries = [entry for entry in entries if entry.alias_of is None]
     with torch.no_grad():
-        grads = [entry.param.grad.detach() if entry.param.grad is not None else None for entry in entries]
+        grads = [entry.param.grad.detach() if entry.param.grad is not None else None for entry in primaries]
         grad_digests = tensor_digests(grads)
-        datas = [entry.param.detach() for entry in entries] if data else []
+        datas = [entry.param.detach() for entry in primaries] if data else []
         data_digests = tensor_digests(datas)
         norms = _norms(datas + grads)
     data_norms, grad_norms = norms[: len(datas)], norms[len(datas):]
-    results = []
-    for index, entry in enumerate(entries):
+    by_param: dict[int, dict[str, Any]] = {}
+    for index, entry in enumerate(primaries):
         param = entry.param
         shape, dtype, numel = _layout(param)
         attrs: dict[str, Any] = {
@@ -185,5 +211,27 @@ def snapshot_attrs(entries: Iterable[ParamEntry], *, data: bool = True) -> list[
         reason = skip_reason(param)
         if reason is not None:
             attrs["digest_skipped"] = reason
+        parallel = _parallel_attributes(param)
+        if parallel:
+            attrs["parallel"] = parallel
+        by_param[id(param)] = attrs
+    results = []
+    for entry in entries:
+        attrs = by_param.get(id(entry.param))
+        if attrs is None:
+            continue  # an alias whose primary is not part of this snapshot
+        if entry.alias_of is not None:
+            attrs = {**attrs, "module": entry.module, "mtype": entry.mtype, "alias_of": entry.alias_of}
         results.append((entry, attrs))
     return results
+
+
+def _parallel_attributes(param: torch.Tensor) -> dict[str, Any]:
+    extra = getattr(param, "__dict__", None)
+    if not extra:
+        return {}
+    return {
+        key: extra[key]
+        for key in PARALLEL_ATTRIBUTES
+        if key in extra and (extra[key] is None or isinstance(extra[key], (bool, int, float, str)))
+    }

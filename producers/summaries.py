@@ -8,6 +8,7 @@ their ``value`` (that is how the loss reaches the checkers).
 
 from __future__ import annotations
 
+import enum
 from typing import Any, Callable
 
 import torch
@@ -92,7 +93,19 @@ def summarize(value: Any, name_of: NameLookup | None = None, depth: int = 0) -> 
         return {"T": "bytes", "len": len(value)}
     if hasattr(value, "__fspath__"):
         return str(value)
-    return {"T": "obj", "type": type(value).__qualname__}
+    summary: dict[str, Any] = {"T": "obj", "type": type(value).__qualname__}
+    member = _enum_member(value)
+    if member is not None:
+        summary["value"] = member  # e.g. which ReduceOp a collective was given
+    return summary
+
+
+def _enum_member(value: Any) -> str | None:
+    """The member name of a Python or pybind11 enum (``ReduceOp.MAX`` -> ``"MAX"``)."""
+    if isinstance(value, enum.Enum) or hasattr(type(value), "__members__"):
+        name = getattr(value, "name", None)
+        return name if isinstance(name, str) else None
+    return None
 
 
 def summarize_optimizer(optimizer: torch.optim.Optimizer) -> dict[str, Any]:

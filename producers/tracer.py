@@ -453,9 +453,9 @@ class Tracer:
         self._pending_end_states = []
         if not final:
             self.training_steps += 1
-        # Names are re-read now and then, not every step: module swaps are rare and
-        # a full walk of a large model is not free.
-        if self._snapshots and self.training_steps % REFRESH_EVERY_STEPS == 1:
+        # Names are re-read now and then, not every step (module swaps are rare and a
+        # full walk of a large model is not free), and at once when they look stale.
+        if self._snapshots and (self.registry.stale or self.training_steps % REFRESH_EVERY_STEPS == 1):
             self._tls.busy = True
             try:
                 self.registry.refresh()
@@ -485,6 +485,8 @@ class Tracer:
             state = numpy.random.get_state()
             numpy_digest = xxhash.xxh3_64_hexdigest(state[1].tobytes() + str(state[2:]).encode())
         python_digest = xxhash.xxh3_64_hexdigest(repr(random.getstate()).encode())
+        info = torch.utils.data.get_worker_info()
+        dataset_digest = dataset_rng_digest(info.dataset) if info is not None else None
         event = self._event(
             "call",
             name="torch.utils.data._utils.worker._worker_loop",
@@ -498,6 +500,7 @@ class Tracer:
                 "torch_seed": torch.initial_seed(),
                 "numpy_state_digest": numpy_digest,
                 "python_random_digest": python_digest,
+                "dataset_rng_digest": dataset_digest,
             },
             ret=None,
             ctx=self._ctx(),
@@ -514,3 +517,37 @@ class Tracer:
         self._pending_end_states = []
         self.active = False
         self.recorder.reset_after_fork()
+
+
+def dataset_rng_digest(dataset: Any) -> str | None:
+    """Digest of the RNG objects a dataset owns (one attribute level), or None if none.
+
+    PyTorch reseeds the global RNGs in every worker, so a dataset that keeps its own
+    generator (``self.rng = np.random.default_rng(seed)``) is the form of "every worker
+    repeats the same augmentation" that survives: its state arrives in every worker
+    unchanged.  Equal digests across workers reveal it.
+    """
+    import xxhash
+
+    try:
+        attributes = sorted(vars(dataset).items())
+    except TypeError:
+        return None
+    numpy = sys.modules.get("numpy")
+    hasher = xxhash.xxh3_64()
+    found = False
+    for name, value in attributes:
+        state: Any = None
+        if isinstance(value, random.Random):
+            state = value.getstate()
+        elif isinstance(value, torch.Generator):
+            state = bytes(value.get_state().numpy())
+        elif numpy is not None and isinstance(value, numpy.random.Generator):
+            state = value.bit_generator.state
+        elif numpy is not None and isinstance(value, numpy.random.RandomState):
+            kind, keys, position, *rest = value.get_state()
+            state = (kind, keys.tobytes(), position, rest)
+        if state is not None:
+            found = True
+            hasher.update(name.encode() + b"=" + repr(state).encode())
+    return hasher.hexdigest() if found else None

@@ -512,3 +512,76 @@ def test_an_auxiliary_optimizer_next_to_the_cycle_does_not_split_steps():
             assert not cycle.before_step(9).end_step
             assert not cycle.after_step(9, position * 10 + 5).end_step
     assert cycle.order == [1]
+
+
+def test_enum_arguments_carry_their_member_name():
+    import torch.distributed as dist
+
+    from producers.summaries import summarize
+
+    assert summarize(dist.ReduceOp.MAX) == {"T": "obj", "type": "ReduceOp.RedOpType", "value": "MAX"}
+    assert summarize(dist.ReduceOp.SUM)["value"] == "SUM"
+
+
+def test_dataset_owned_rngs_are_digested():
+    import random
+
+    import numpy as np
+
+    from producers.tracer import dataset_rng_digest
+
+    class Augmenting(torch.utils.data.Dataset):
+        def __init__(self, seed):
+            self.rng = np.random.default_rng(seed)
+            self.py = random.Random(seed)
+            self.gen = torch.Generator().manual_seed(seed)
+            self.size = 4
+
+    a, b, c = Augmenting(1), Augmenting(1), Augmenting(2)
+    assert dataset_rng_digest(a) == dataset_rng_digest(b) is not None
+    assert dataset_rng_digest(a) != dataset_rng_digest(c)
+    a.rng.random()  # drawing advances the state
+    assert dataset_rng_digest(a) != dataset_rng_digest(b)
+    assert dataset_rng_digest(torch.utils.data.TensorDataset(torch.zeros(2))) is None
+
+
+def test_tied_parameters_are_snapshotted_under_every_name(tmp_path):
+    class TiedLM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(5, 3)
+            self.head = nn.Linear(3, 5, bias=False)
+            self.head.weight = self.embed.weight
+
+        def forward(self, tokens):
+            return self.head(self.embed(tokens))
+
+    with producers.instrument(run_id="r-tied", trace_dir=tmp_path):
+        model = TiedLM()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(4):
+            if step == 2:  # the tie is lost (e.g. a resize that copies the head)
+                model.head.weight = nn.Parameter(model.embed.weight.detach().clone())
+                optimizer.add_param_group({"params": [model.head.weight]})
+            optimizer.zero_grad()
+            model(torch.tensor([[1, 2]])).sum().backward()
+            optimizer.step()
+    pre = _states(_batches(tmp_path), "post:torch.optim.Optimizer.step")
+    tied = pre[0]
+    assert set(tied) == {"embed.weight", "head.weight"}
+    assert tied["head.weight"]["alias_of"] == "embed.weight" and tied["head.weight"]["mtype"] == "Linear"
+    assert tied["head.weight"]["data_digest"] == tied["embed.weight"]["data_digest"]
+    untied = pre[3]  # names are re-read at the end of the step that saw the new parameter
+    assert set(untied) == {"embed.weight", "head.weight"} and "alias_of" not in untied["head.weight"]
+    assert untied["head.weight"]["data_digest"] != untied["embed.weight"]["data_digest"]
+
+
+def test_framework_parallel_attributes_are_captured():
+    from producers.params import ParamEntry, snapshot_attrs
+
+    shard = nn.Parameter(torch.ones(4))
+    shard.tensor_model_parallel = True
+    shard.partition_dim = 0
+    shard.unrelated = object()
+    ((_, attrs),) = snapshot_attrs([ParamEntry("w", shard, "m", "M")])
+    assert attrs["parallel"] == {"tensor_model_parallel": True, "partition_dim": 0}
