@@ -248,7 +248,7 @@ def install(tracer: Tracer, selection: Selection, on_rank_change: Callable[[], N
         register_optimizer_step_pre_hook(tracer.optimizer_pre),
         register_optimizer_step_post_hook(tracer.optimizer_post),
         register_module_forward_pre_hook(tracer.forward_pre),
-        register_module_forward_hook(tracer.forward_post, always_call=True),
+        register_module_forward_hook(tracer.forward_post, with_kwargs=True, always_call=True),
     ]
     for spec in WRAP_SPECS:
         wanted = selection.wants(spec.api)

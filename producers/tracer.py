@@ -352,7 +352,9 @@ class Tracer:
             tls.forward_cids.append(None)
             self.internal_error("module forward pre-hook", exc)
 
-    def forward_post(self, module: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
+    def forward_post(
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+    ) -> None:
         tls = self._tls
         if not self.enabled or tls.busy or _is_compiling():
             return
@@ -366,23 +368,26 @@ class Tracer:
             if stack and stack[-1] == cid:
                 stack.pop()
             name, mtype = self._forward_names(type(module))
-            self._record(
-                {
-                    "kind": "call",
-                    "t": time.time_ns(),
-                    "pid": self.pid,
-                    "tid": threading.get_native_id(),
-                    "stage": self.stage,
-                    "name": name,
-                    "api": MODULE_FORWARD,
-                    "phase": "post",
-                    "cid": cid,
-                    "module": tls.root_paths.get(id(module)),
-                    "mtype": mtype,
-                    "training": module.training,
-                    "ret": summarize(output, self.registry.name_of),
-                }
-            )
+            event = {
+                "kind": "call",
+                "t": time.time_ns(),
+                "pid": self.pid,
+                "tid": threading.get_native_id(),
+                "stage": self.stage,
+                "name": name,
+                "api": MODULE_FORWARD,
+                "phase": "post",
+                "cid": cid,
+                "module": tls.root_paths.get(id(module)),
+                "mtype": mtype,
+                "training": module.training,
+                "ret": summarize(output, self.registry.name_of),
+            }
+            if kwargs:
+                # Global pre-hooks do not receive keyword arguments; the post hook does.
+                name_of = self.registry.name_of
+                event["kwargs"] = {key: summarize(value, name_of) for key, value in kwargs.items()}
+            self._record(event)
         except Exception as exc:
             self.internal_error("module forward hook", exc)
 

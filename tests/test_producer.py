@@ -585,3 +585,23 @@ def test_framework_parallel_attributes_are_captured():
     shard.unrelated = object()
     ((_, attrs),) = snapshot_attrs([ParamEntry("w", shard, "m", "M")])
     assert attrs["parallel"] == {"tensor_model_parallel": True, "partition_dim": 0}
+
+
+def test_module_keyword_arguments_arrive_with_the_post_event(tmp_path):
+    class Generator(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(2, 2)
+
+        def forward(self, prompt, max_new_tokens=4, temperature=1.0):
+            return self.proj(prompt)[:, :max_new_tokens]
+
+    with producers.instrument(run_id="r-kwargs", trace_dir=tmp_path):
+        model = Generator()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.randn(1, 2), max_new_tokens=1).sum().backward()
+        optimizer.step()
+    posts = [e for _, e in _events(_batches(tmp_path)) if e.get("mtype") == "Generator" and e["phase"] == "post"]
+    assert posts[0]["kwargs"] == {"max_new_tokens": 1}
+    inner = [e for _, e in _events(_batches(tmp_path)) if e.get("mtype") == "Linear" and e["phase"] == "post"]
+    assert "kwargs" not in inner[0]
