@@ -196,10 +196,13 @@ class StreamChecker:
             return
         run, step, rank, seq = batch["run"], batch["step"], batch["rank"], batch["seq"]
         events = batch["events"]
+        pid = batch.get("pid")
+        if not isinstance(pid, int) or isinstance(pid, bool):
+            pid = events[0]["pid"] if events else 0
         key = window_key(run, step)
         raw = self.windows.get(key)
         record, window = self._load(key, raw)
-        if record is not None and record.has_seen(rank, seq):
+        if record is not None and record.has_seen(rank, pid, seq):
             return  # redelivered after a restart or takeover: already folded (or judged)
         producer_ts = float(message.timestamp) if message.timestamp else None
         self.metrics.batch_consumed(run, len(events), producer_ts)
@@ -225,7 +228,7 @@ class StreamChecker:
         summary = StepSummaryBuilder.from_dict(record.summary or {"run": run, "step": step})
         summary.add_batch(batch)
         record.summary = summary.to_dict()
-        record.seen.append([rank, seq])
+        record.seen.append([rank, pid, seq])
         record.last_batch_at = now
         if producer_ts:
             record.newest_producer_ts = max(record.newest_producer_ts, producer_ts)
@@ -247,7 +250,7 @@ class StreamChecker:
                 continue
             what = event.get("what")
             if what == "producer_stats":
-                self.metrics.producer_stats(run, (rank, event.get("pid")), event)
+                self.metrics.producer_stats(run, (rank, event["pid"]), event)
         if newest:
             self.metrics.event_time(run, newest)
 

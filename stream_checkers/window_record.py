@@ -2,7 +2,8 @@
 
 The engine owns the *facts* of a window (`WindowState`); the checker owns its life
 cycle: when it opened, when it last heard from a rank, which batches it has already
-folded (Kafka delivers at least once, so after a restart a batch can come twice),
+folded (Kafka delivers at least once, so after a restart a batch can come twice;
+a batch is identified by rank, producing pid and that process's seq),
 the per-step signal summary, and — once closed — the ids of the violations it emitted.
 Keeping the closed marker for a while (instead of deleting the key at close) is what
 lets the worker tell a *late* batch from a *replayed* one and never emit a violation
@@ -33,7 +34,7 @@ class WindowRecord:
     last_batch_at: float
     engine_state: bytes | None = None  # None once closed
     summary: dict[str, Any] | None = None  # StepSummaryBuilder state while open
-    seen: list[list[int]] = field(default_factory=list)  # [rank, seq] folded so far
+    seen: list[list[int]] = field(default_factory=list)  # [rank, pid, seq] folded so far
     closed_at: float | None = None
     emitted: list[str] = field(default_factory=list)  # violation ids emitted at close
     newest_producer_ts: float = 0.0
@@ -43,8 +44,9 @@ class WindowRecord:
     def closed(self) -> bool:
         return self.closed_at is not None
 
-    def has_seen(self, rank: int, seq: int) -> bool:
-        return [rank, seq] in self.seen
+    def has_seen(self, rank: int, pid: int, seq: int) -> bool:
+        # seq counts per producing process: a rank's DataLoader workers start at 0 too
+        return [rank, pid, seq] in self.seen
 
     def to_bytes(self) -> bytes:
         return msgpack.packb(

@@ -93,7 +93,12 @@ def checker(kafka_broker, tmp_path, pinned_invariants):
 
 def test_divergence_missing_rank_and_nan_loss_reported_once_with_metrics(kafka_broker, checker, pinned_invariants):
     worker = checker()
-    batches = _run_batches("run-a", range(8), diverge_from=3, missing_rank1={6}, nan_loss_at=2)
+    # A DataLoader worker of rank 0 is its own producer: same rank and step, own pid, own
+    # seq from 0; it must not be mistaken for a redelivery of the main process's batch.
+    loader = make_batch(run="run-a", rank=0, world=2, step=0, seq=0, events=[
+        {"kind": "meta", "t": 1, "pid": 2000, "tid": 1, "stage": "train", "what": "worker_start"}])
+    loader["pid"] = 2000
+    batches = [loader, *_run_batches("run-a", range(8), diverge_from=3, missing_rank1={6}, nan_loss_at=2)]
     expected = _expected_ids(batches, pinned_invariants)
     assert len(expected) >= 5  # steps 3..7 diverge (6 is also missing rank 1)
     produce(kafka_broker.bootstrap, EVENTS, batches)
