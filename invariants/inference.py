@@ -65,10 +65,18 @@ class Inferencer:
         self.rank_local: dict[str, dict[str, list[str]]] = {}
         self.variable_counts: dict[str, dict[str, dict[int, int]]] = {}
         self._signature = SignatureCache()
+        #: per trace: rank-windows seen, and rank-windows per value family (for templates
+        #: that only trust families present in most steps of every trace using them)
+        self.trace_windows: list[int] = []
+        self.family_windows: dict[tuple[str, tuple], Counter] = {}
 
     # ------------------------------------------------------------------ feeding
     def observe(self, window: WindowState) -> None:
         self.windows += 1
+        if not self.trace_windows:
+            self.trace_windows.append(0)
+        trace = len(self.trace_windows) - 1
+        self.trace_windows[trace] += len(window.ranks)
         if window.step == 0:
             self.rank_local[window.run] = replication_baseline(window)
             self.variable_counts[window.run] = variable_counts(window)
@@ -95,6 +103,8 @@ class Inferencer:
                     if trig is None:
                         trig = self.triggers[fkey] = Counter()
                     _add(trig, sig)
+                    if template.min_window_fraction:
+                        self.family_windows.setdefault(fkey, Counter())[trace] += 1
                     for value in site.observed:
                         vkey = (relation, site.family, value)
                         counter = self.values.get(vkey)
@@ -116,6 +126,7 @@ class Inferencer:
         rank reported the step end, and later batches of that step are ignored.
         """
         self.traces += 1
+        self.trace_windows.append(0)
         engine = Engine(InvariantSet([]), report_missing_ranks=False)
         engine.plan = FactPlan.everything()
         if sorted_by_step:
@@ -136,9 +147,19 @@ class Inferencer:
         for (relation, family), evidence in self.boolean.items():
             self._emit(found, TEMPLATES[relation], family, None, evidence.positive, evidence.negative)
         for (relation, family, value), positive in self.values.items():
+            if not self._frequent_enough(TEMPLATES[relation], (relation, family)):
+                continue
             negative = self.triggers[(relation, family)] - positive
             self._emit(found, TEMPLATES[relation], family, value, positive, negative)
         return sorted(found.values(), key=lambda inv: inv.id)
+
+    def _frequent_enough(self, template: Template, fkey: tuple[str, tuple]) -> bool:
+        """In every trace where the family occurs, it occurs in enough of the steps."""
+        fraction = template.min_window_fraction
+        if not fraction:
+            return True
+        per_trace = self.family_windows.get(fkey, Counter())
+        return all(count >= fraction * self.trace_windows[trace] for trace, count in per_trace.items())
 
     def _emit(self, found: dict[str, Invariant], template: Template, family: tuple, value: Any,
               positive: Counter, negative: Counter) -> None:
@@ -153,6 +174,8 @@ class Inferencer:
         if not ok:
             return
         params = template.params(family, value)
+        if not template.keeps_hypothesis(params):
+            return
         inv = Invariant(
             relation=template.relation,
             params=params,

@@ -186,6 +186,9 @@ class Template:
 
     relation = ""
     min_support = 2
+    #: value families must occur in at least this fraction of a trace's steps (per rank)
+    #: in every trace where they occur at all (0 = no requirement)
+    min_window_fraction = 0.0
     #: record fields inference may build preconditions from (None = all of them)
     inference_fields: frozenset[str] | None = None
 
@@ -234,6 +237,10 @@ class Template:
     def holds(self, value: Any, site: Site) -> bool:
         """Whether the value-family hypothesis ``value`` held at ``site``."""
         return value in site.observed
+
+    def keeps_hypothesis(self, params: Mapping[str, Any]) -> bool:
+        """Inference-time filter on an otherwise valid hypothesis."""
+        return True
 
     def applicable(self, value: Any, site: Site) -> bool:
         """Whether a value-family hypothesis can be judged at this site at all."""

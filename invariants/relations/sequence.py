@@ -8,6 +8,11 @@ Ordering rules are the noisiest template, so this one is pruned hard:
 * only calls made directly by user code (no recorded parent) take part, so
   caller/callee pairs and library internals never become rules;
 * only APIs called at most ``MAX_CALLS_PER_WINDOW`` times per rank and step;
+* the later call must be a training-loop call: present in at least half the steps
+  of every reference run that makes it (``model.train()`` after a periodic validation
+  pass is not one);
+* step 0 is not an example: its order is that of model construction and setup,
+  which differs between pipelines and breaks when a layer is built mid-run;
 * a learned rule may be scoped only by stage (hand-written ones may also use
   ``step_is_first``), and must hold in every window of every reference trace.
 """
@@ -27,6 +32,9 @@ class APISequence(Template):
     min_support = 3
     #: "X before Y, but only at the first step" describes one window per run: noise
     inference_fields = frozenset({"stage"})
+    #: ordering rules only about training-loop calls: Y must be called in at least half
+    #: the steps of every reference run that calls it (not a validation-time toggle)
+    min_window_fraction = 0.5
 
     def is_value_family(self, family: tuple) -> bool:
         return True
@@ -35,6 +43,8 @@ class APISequence(Template):
         return True  # records carry only stage/step_is_first, so that is all a rule can say
 
     def sites(self, view: WindowView, families: Any = None) -> Iterator[Site]:
+        if view.step == 0:
+            return  # setup (model construction, seeding, init) is not a training-loop ordering
         for rank in view.ranks():
             first_seen: dict[str, int] = {}
             counts: dict[str, int] = {}

@@ -16,7 +16,8 @@
     ranks that did report.  The engine checks it on every window it closes.
 
 **TrainingFlag** — "calls of API X (on modules of type M) run with ``training = F`` in
-    stage S": ``{"api": "torch.nn.Module.forward", "mtype": "Dropout", "stage": "eval",
+    stage S" (inference learns only ``training = false`` rules; a frozen submodule kept
+    in eval during training is legitimate): ``{"api": "torch.nn.Module.forward", "mtype": "Dropout", "stage": "eval",
     "training": false}``.  Reads the call's ``training`` field, or a boolean
     ``training`` argument (``torch.nn.functional.dropout``).  Catches dropout or batch-norm
     statistics left in training mode during evaluation, and the converse.
@@ -30,6 +31,9 @@ from ..model import Invariant
 from ..window import FactPlan
 from .base import Site, Template, WindowView
 
+#: Called in DataLoader worker processes: its stage is wherever the loader's iterator
+#: was created, which differs between pipelines, so stage rules about it are noise.
+WORKER_APIS = frozenset({"torch.utils.data.worker_init"})
 #: An API called in more distinct steps than this is not a one-off API.
 ONE_OFF_MAX_STEPS = 2
 #: The stage must go on at least this many steps past the API's last use.
@@ -74,6 +78,8 @@ class APIAbsent(Template):
             stages_here: set[str] = set()
             for call in view.calls(rank):
                 api, call_stage = call["api"], call.get("stage", "")
+                if api in WORKER_APIS:
+                    continue
                 apis_here.add(api)
                 stages_here.add(call_stage)
                 steps = api_steps.setdefault((run, api), set())
@@ -187,6 +193,12 @@ class TrainingFlag(Template):
 
     def allows_precondition(self, family: tuple) -> bool:
         return False
+
+    def keeps_hypothesis(self, params: Mapping[str, Any]) -> bool:
+        # "training=True in stage train" breaks on legitimately frozen submodules (a BN
+        # stem kept in eval); training-mode-forgotten is APIAbsent's job.  Learn only
+        # the evaluation direction.
+        return params["training"] is False
 
     def sites(self, view: WindowView, families: Any = None) -> Iterator[Site]:
         wanted = None if families is None else {(f[1], f[2]) for f in families}
