@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import random
 import sys
 import threading
 import time
@@ -34,6 +33,7 @@ from .recorder import StepRecorder
 from .selection import MODULE_FORWARD, OPTIMIZER_STEP, OPTIMIZER_ZERO_GRAD, WORKER_INIT, Selection
 from .steps import OptimizerCycle
 from .summaries import summarize
+from .workers import worker_seed_report
 
 SNAPSHOT_APIS = frozenset({OPTIMIZER_STEP, OPTIMIZER_ZERO_GRAD})
 REFRESH_EVERY_STEPS = 16
@@ -482,16 +482,6 @@ class Tracer:
     # -- DataLoader workers -----------------------------------------------------------
     def worker_started(self, worker_id: int, num_workers: int) -> None:
         """The one event a DataLoader worker sends: its seeds, then it stays quiet."""
-        import xxhash
-
-        numpy_digest = None
-        numpy = sys.modules.get("numpy")
-        if numpy is not None:
-            state = numpy.random.get_state()
-            numpy_digest = xxhash.xxh3_64_hexdigest(state[1].tobytes() + str(state[2:]).encode())
-        python_digest = xxhash.xxh3_64_hexdigest(repr(random.getstate()).encode())
-        info = torch.utils.data.get_worker_info()
-        dataset_digest = dataset_rng_digest(info.dataset) if info is not None else None
         event = self._event(
             "call",
             name="torch.utils.data._utils.worker._worker_loop",
@@ -499,14 +489,7 @@ class Tracer:
             phase="post",
             cid=next(self._cids),
             parent=None,
-            args={
-                "worker_id": worker_id,
-                "num_workers": num_workers,
-                "torch_seed": torch.initial_seed(),
-                "numpy_state_digest": numpy_digest,
-                "python_random_digest": python_digest,
-                "dataset_rng_digest": dataset_digest,
-            },
+            args=worker_seed_report(worker_id, num_workers),
             ret=None,
             ctx=self._ctx(),
         )
@@ -523,36 +506,3 @@ class Tracer:
         self.active = False
         self.recorder.reset_after_fork()
 
-
-def dataset_rng_digest(dataset: Any) -> str | None:
-    """Digest of the RNG objects a dataset owns (one attribute level), or None if none.
-
-    PyTorch reseeds the global RNGs in every worker, so a dataset that keeps its own
-    generator (``self.rng = np.random.default_rng(seed)``) is the form of "every worker
-    repeats the same augmentation" that survives: its state arrives in every worker
-    unchanged.  Equal digests across workers reveal it.
-    """
-    import xxhash
-
-    try:
-        attributes = sorted(vars(dataset).items())
-    except TypeError:
-        return None
-    numpy = sys.modules.get("numpy")
-    hasher = xxhash.xxh3_64()
-    found = False
-    for name, value in attributes:
-        state: Any = None
-        if isinstance(value, random.Random):
-            state = value.getstate()
-        elif isinstance(value, torch.Generator):
-            state = bytes(value.get_state().numpy())
-        elif numpy is not None and isinstance(value, numpy.random.Generator):
-            state = value.bit_generator.state
-        elif numpy is not None and isinstance(value, numpy.random.RandomState):
-            kind, keys, position, *rest = value.get_state()
-            state = (kind, keys.tobytes(), position, rest)
-        if state is not None:
-            found = True
-            hasher.update(name.encode() + b"=" + repr(state).encode())
-    return hasher.hexdigest() if found else None

@@ -528,7 +528,7 @@ def test_dataset_owned_rngs_are_digested():
 
     import numpy as np
 
-    from producers.tracer import dataset_rng_digest
+    from producers.workers import dataset_rng_digest
 
     class Augmenting(torch.utils.data.Dataset):
         def __init__(self, seed):
