@@ -226,3 +226,34 @@ def test_killed_training_leaves_a_readable_trace(tmp_path, clean_env):
     summary = read_trace_summary(trace)
     assert summary.batches >= len(batches) and "torn tail" in summary.note
     assert trace.read_bytes().startswith(TRACE_MAGIC)
+
+
+def _free_closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_absent_flags_default_from_trainwatch_environment(tmp_path, clean_env):
+    """A deployment exports TRAINWATCH_BOOTSTRAP/RUN_ID/TOPIC_PREFIX once; collect keeps them."""
+    bootstrap = f"127.0.0.1:{_free_closed_port()}"
+    env = {**clean_env, "TRAINWATCH_BOOTSTRAP": bootstrap, "TRAINWATCH_RUN_ID": "from-env",
+           "TRAINWATCH_TOPIC_PREFIX": "team7."}
+    show = "import os; print([os.environ.get(k) for k in ('TRAINWATCH_BOOTSTRAP', 'TRAINWATCH_RUN_ID', 'TRAINWATCH_TOPIC_PREFIX')])"
+    result = collect(["--flush-timeout", "1", "--", sys.executable, "-c", show], env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str([bootstrap, "from-env", "team7."])
+    assert f"kafka: {bootstrap} topic team7.events" in result.stderr
+    assert not (tmp_path / "traces").exists()  # a broker is configured: no default trace dir
+
+    # explicit flags still win over the environment
+    result = collect(
+        ["--run-id", "from-flag", "--topic-prefix", "flag.", "-o", str(tmp_path / "out"), "--",
+         sys.executable, "-c", show],
+        env, cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str([bootstrap, "from-flag", "flag."])
+    assert "topic flag.events" in result.stderr

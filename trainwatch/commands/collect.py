@@ -11,6 +11,7 @@ through; bad usage exits 2 with a one-line reason.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from dataclasses import replace
 import shutil
@@ -18,6 +19,7 @@ import socket
 import sys
 import tempfile
 from pathlib import Path
+from typing import Mapping
 
 EXIT_USAGE = 2
 _HOST_PORT = re.compile(r"^\[?[A-Za-z0-9_.:-]+\]?:\d{1,5}$")
@@ -26,15 +28,21 @@ _HOST_PORT = re.compile(r"^\[?[A-Za-z0-9_.:-]+\]?:\d{1,5}$")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.usage = "trainwatch collect [options] -- CMD..."
     parser.add_argument("-o", "--output", dest="trace_dir", metavar="TRACE_DIR", help="write trace files here")
-    parser.add_argument("--bootstrap", metavar="HOST:PORT[,HOST:PORT]", help="stream events to this Kafka cluster")
-    parser.add_argument("--run-id", metavar="ID", help="run identifier (default: <script>-<time>-<random>)")
+    parser.add_argument(
+        "--bootstrap", metavar="HOST:PORT[,HOST:PORT]",
+        help="stream events to this Kafka cluster (default: $TRAINWATCH_BOOTSTRAP)",
+    )
+    parser.add_argument(
+        "--run-id", metavar="ID",
+        help="run identifier (default: $TRAINWATCH_RUN_ID, else <script>-<time>-<random>)",
+    )
     parser.add_argument(
         "-i", "--invariants", metavar="INVARIANTS",
         help="instrument only what these invariants need (invariants JSON, or a text file of API names)",
     )
     parser.add_argument("--sample-every", type=int, default=1, metavar="N", help="snapshot parameters every N steps")
     parser.add_argument("--full", action="store_true", help="also record every torch function call (reference traces)")
-    parser.add_argument("--topic-prefix", default=None, metavar="PREFIX", help="Kafka topic prefix (default trainwatch.)")
+    parser.add_argument("--topic-prefix", default=None, metavar="PREFIX", help="Kafka topic prefix (default: $TRAINWATCH_TOPIC_PREFIX, else trainwatch.)")
     parser.add_argument("--flush-timeout", type=float, default=5.0, metavar="SECONDS",
                         help="how long the exiting process may spend delivering pending events")
 
@@ -62,19 +70,37 @@ def _broker_reachable(bootstrap: str, timeout_s: float = 1.0) -> bool:
     return False
 
 
+def _with_env_defaults(args: argparse.Namespace, environ: Mapping[str, str]) -> argparse.Namespace:
+    """Absent flags fall back to the ``TRAINWATCH_*`` variables a deployment already sets.
+
+    A job template (Kubernetes, Slurm) usually exports the broker, run id and topic
+    prefix once for every process; collect must honour them rather than overwrite them
+    in the children's environment.  An explicit flag still wins.
+    """
+    from producers.config import ENV_BOOTSTRAP, ENV_RUN_ID, ENV_TOPIC_PREFIX
+
+    return argparse.Namespace(**{
+        **vars(args),
+        "bootstrap": args.bootstrap or environ.get(ENV_BOOTSTRAP) or None,
+        "run_id": args.run_id or environ.get(ENV_RUN_ID) or None,
+        "topic_prefix": args.topic_prefix or environ.get(ENV_TOPIC_PREFIX) or None,
+    })
+
+
 def run(args: argparse.Namespace) -> int:
     from producers.config import DEFAULT_TOPIC_PREFIX, ProducerConfig, make_run_id
     from producers.launcher import LaunchError, check_trace_dir, run_instrumented
     from producers.report import collect_report, format_report
     from producers.selection import SelectionError, default_selection, load_selection
 
+    args = _with_env_defaults(args, os.environ)
     command = list(args.cmd or [])
     if not command:
         return _fail("no training command given (usage: trainwatch collect [options] -- CMD...)")
     if args.sample_every < 1:
         return _fail("--sample-every must be at least 1")
     if args.bootstrap and not all(_HOST_PORT.match(s.strip()) for s in args.bootstrap.split(",")):
-        return _fail(f"--bootstrap {args.bootstrap!r} is not HOST:PORT")
+        return _fail(f"--bootstrap (or $TRAINWATCH_BOOTSTRAP) {args.bootstrap!r} is not HOST:PORT")
     try:
         selection = load_selection(args.invariants, full=args.full) if args.invariants else default_selection(args.full)
     except SelectionError as exc:
