@@ -323,8 +323,14 @@ class StreamChecker:
             self.run_states[run_key] = raw_run_state
             self._run_cache[run_key] = (raw_run_state, run_state)
         fresh = [v for v in violations if v.get("id") not in record.emitted]
-        for violation in fresh:
+        deliveries = [
             await self.violations_topic.send(key=record.run.encode(), value=encode_violation(violation))
+            for violation in fresh
+        ]
+        for delivery in deliveries:
+            # Delivered before the closed marker is written: a crash in between can at
+            # worst repeat a violation (same id, dropped by readers), never lose one.
+            await delivery
         summary = StepSummaryBuilder.from_dict(record.summary or {"run": record.run, "step": record.step})
         await self.summaries_topic.send(
             key=record.run.encode(),
@@ -336,8 +342,7 @@ class StreamChecker:
         self._store(key, record, None)
         self._ticks_sent.pop(key, None)
         if fresh:
-            # The violation and the closed marker must reach the broker together: a
-            # crash after this point can neither lose nor repeat them.
+            # Flush the marker too, so a crash from here on cannot repeat the violations.
             await self.app.producer.flush()
         self.metrics.window_closed(record.run, record.step, missing_ranks=forced, seconds=elapsed)
         for violation in fresh:
@@ -387,8 +392,12 @@ class StreamChecker:
             monitor, live = self._trend_state(key, summary.run)
             live = self._run_liveness(summary.run, live, envelope.get("lifecycle") or ())
             alerts = monitor.observe(summary)
-            for alert in alerts:
+            deliveries = [
                 await self.violations_topic.send(key=key, value=encode_violation(alert.to_violation_dict()))
+                for alert in alerts
+            ]
+            for delivery in deliveries:
+                await delivery  # as for violations: delivered before the state that records them
             if alerts or envelope.get("lifecycle") or self._due(b"trend\x00" + key, TREND_WRITE_EVERY):
                 # Steps that raised an alert are always persisted (so a replay cannot
                 # repeat it); quiet steps only every few, to spare changelog records.
