@@ -173,22 +173,76 @@ def _norms(tensors: Sequence[torch.Tensor | None]) -> list[float | None]:
     return results
 
 
-def snapshot_attrs(entries: Iterable[ParamEntry], *, data: bool = True) -> list[tuple[ParamEntry, dict[str, Any]]]:
+class GradDigestCache:
+    """Gradient digests and norms remembered per parameter, reused while the gradient is unchanged.
+
+    Between two snapshots of one step the gradients usually stay as they were (nothing
+    touches them in ``Optimizer.step``, nor between the end of a step and the next
+    ``zero_grad``), so summarising them again is a wasted pass over gradient memory.
+    A cached summary is reused only for the very same gradient tensor object whose
+    autograd version counter has not moved: every in-place change made through the
+    tensor (``grad.div_()``, accumulation by backward, ``zero_()``, a collective
+    writing into it) bumps that counter.  Only changes made through ``grad.data``,
+    which has a counter of its own, would go unseen; parameter *data* is therefore
+    never cached (``param.data.add_()`` is a common way to modify weights).
+    Gradients are held by weak reference so the cache never keeps memory alive.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[int, tuple[weakref.ref[torch.Tensor], int, str | None, float | None]] = {}
+
+    def lookup(self, param: torch.Tensor, grad: torch.Tensor) -> tuple[str | None, float | None] | None:
+        entry = self._entries.get(id(param))
+        if entry is None or entry[0]() is not grad or entry[1] != grad._version:
+            return None
+        return entry[2], entry[3]
+
+    def store(self, param: torch.Tensor, grad: torch.Tensor, digest: str | None, norm: float | None) -> None:
+        try:
+            self._entries[id(param)] = (weakref.ref(grad), grad._version, digest, norm)
+        except TypeError:  # a tensor type without weak references: just do not cache it
+            pass
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+
+def snapshot_attrs(
+    entries: Iterable[ParamEntry], *, data: bool = True, grad_cache: GradDigestCache | None = None
+) -> list[tuple[ParamEntry, dict[str, Any]]]:
     """Attributes of each parameter: metadata, grad digest/norm and (if ``data``) data digest/norm.
 
     Around ``zero_grad`` only gradients can change, so those snapshots skip the data
     (the most expensive half on large models); the step snapshots carry both.  A tied
-    parameter is digested once and reported under each of its names.
+    parameter is digested once and reported under each of its names.  Everything
+    still to be summarised goes through one digest call and one batched norm call, so
+    the fixed cost per snapshot does not grow with the number of kinds of tensors.
     """
     entries = list(entries)
     primaries = [entry for entry in entries if entry.alias_of is None]
+    count = len(primaries)
+    grad_digests: list[str | None] = [None] * count
+    grad_norms: list[float | None] = [None] * count
     with torch.no_grad():
-        grads = [entry.param.grad.detach() if entry.param.grad is not None else None for entry in primaries]
-        grad_digests = tensor_digests(grads)
+        grads = [entry.param.grad for entry in primaries]
+        # (position in primaries, tensor) of gradients that need summarising now
+        todo: list[tuple[int, torch.Tensor]] = []
+        for index, grad in enumerate(grads):
+            if grad is None:
+                continue
+            cached = grad_cache.lookup(primaries[index].param, grad) if grad_cache is not None else None
+            if cached is None:
+                todo.append((index, grad.detach()))
+            else:
+                grad_digests[index], grad_norms[index] = cached
         datas = [entry.param.detach() for entry in primaries] if data else []
-        data_digests = tensor_digests(datas)
-        norms = _norms(datas + grads)
-    data_norms, grad_norms = norms[: len(datas)], norms[len(datas):]
+        tensors = datas + [tensor for _, tensor in todo]
+        digests = tensor_digests(tensors)
+        norms = _norms(tensors)
+    for offset, (index, _) in enumerate(todo, start=len(datas)):
+        grad_digests[index], grad_norms[index] = digests[offset], norms[offset]
+        if grad_cache is not None:
+            grad_cache.store(primaries[index].param, grads[index], digests[offset], norms[offset])  # type: ignore[arg-type]
     by_param: dict[int, dict[str, Any]] = {}
     for index, entry in enumerate(primaries):
         param = entry.param
@@ -206,8 +260,8 @@ def snapshot_attrs(entries: Iterable[ParamEntry], *, data: bool = True) -> list[
             "mtype": entry.mtype,
         }
         if data:
-            attrs["data_digest"] = data_digests[index]
-            attrs["data_norm"] = data_norms[index]
+            attrs["data_digest"] = digests[index]
+            attrs["data_norm"] = norms[index]
         reason = skip_reason(param)
         if reason is not None:
             attrs["digest_skipped"] = reason

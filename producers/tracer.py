@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from .params import PARAMETER_VTYPE, ParameterRegistry, snapshot_attrs
+from .params import PARAMETER_VTYPE, GradDigestCache, ParameterRegistry, snapshot_attrs
 from .recorder import StepRecorder
 from .selection import MODULE_FORWARD, OPTIMIZER_STEP, OPTIMIZER_ZERO_GRAD, WORKER_INIT, Selection
 from .steps import OptimizerCycle
@@ -89,6 +89,7 @@ class Tracer:
         self.stats_every_steps = max(int(stats_every_steps), 1)
         self._stats_source = stats_source
         self.registry = ParameterRegistry()
+        self._grad_cache = GradDigestCache()
         self.cycle = OptimizerCycle()
         self.stage = "init"
         self._explicit_stages: list[str] = []
@@ -278,13 +279,18 @@ class Tracer:
     def _take(self, entries: list[Any], data: bool = True) -> list[tuple[Any, dict[str, Any]]]:
         self._tls.busy = True
         try:
-            return snapshot_attrs(entries, data=data)
+            return snapshot_attrs(entries, data=data, grad_cache=self._grad_cache)
         finally:
             self._tls.busy = False
 
     def _state_events(self, taken: list[tuple[Any, dict[str, Any]]], at: str, cid: int | None) -> list[dict[str, Any]]:
+        # One snapshot is one instant: the header fields are read once, not per parameter.
+        t, pid, tid, stage = time.time_ns(), self.pid, threading.get_native_id(), self.stage
         return [
-            self._event("state", name=entry.name, vtype=PARAMETER_VTYPE, at=at, cid=cid, attrs=attrs)
+            {
+                "kind": "state", "t": t, "pid": pid, "tid": tid, "stage": stage,
+                "name": entry.name, "vtype": PARAMETER_VTYPE, "at": at, "cid": cid, "attrs": attrs,
+            }
             for entry, attrs in taken
         ]
 
@@ -503,6 +509,7 @@ class Tracer:
         self._tls = _ThreadState()
         self._open_steps = {}
         self._pending_end_states = []
+        self._grad_cache = GradDigestCache()
         self.active = False
         self.recorder.reset_after_fork()
 
