@@ -29,6 +29,15 @@ def test_bad_settings_exit_2_with_one_line(clean_env, tmp_path):
         assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
+def test_a_bad_environment_value_is_a_usage_error_of_serve_only(clean_env):
+    env = dict(clean_env, TRAINWATCH_PARTITIONS="many")
+    result = _serve(["--bootstrap", "127.0.0.1:9"], env)
+    assert result.returncode == 2 and "invalid int value: 'many'" in result.stderr
+    other = subprocess.run([sys.executable, "-m", "trainwatch.cli", "check", "--help"], env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert other.returncode == 0
+
+
 def test_security_settings_come_from_the_environment(clean_env):
     env = dict(clean_env, TRAINWATCH_BOOTSTRAP="127.0.0.1:9", TRAINWATCH_KAFKA_SECURITY_PROTOCOL="SASL_SSL")
     result = _serve([], env)
