@@ -20,6 +20,7 @@ Meta and fake tensors have no data; they get ``None`` and a reason.
 
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -99,18 +100,11 @@ def _as_integers(tensor: torch.Tensor) -> torch.Tensor:
     return flat
 
 
-#: dtypes numpy can view directly (zero copy); others are reinterpreted as integers first
-_NUMPY_VIEWABLE = frozenset(
-    {
-        torch.float16, torch.float32, torch.float64, torch.complex64, torch.complex128,
-        torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool,
-    }
-)
 _HEADERS: dict[tuple[torch.dtype, tuple[int, ...]], bytes] = {}
 
 
 def _cached_header(tensor: torch.Tensor) -> bytes:
-    key = (tensor.dtype, tuple(tensor.shape))
+    key = (tensor.dtype, tensor.shape)  # torch.Size is a hashable tuple
     header = _HEADERS.get(key)
     if header is None:
         header = _header(tensor)
@@ -119,17 +113,34 @@ def _cached_header(tensor: torch.Tensor) -> bytes:
     return header
 
 
+_BYTE_ARRAYS: dict[int, type[ctypes.Array[ctypes.c_char]]] = {}
+
+
+def _raw_bytes(tensor: torch.Tensor) -> ctypes.Array[ctypes.c_char]:
+    """A zero-copy buffer over a contiguous CPU tensor's bytes, whatever its dtype.
+
+    Cheaper per call than ``tensor.numpy()`` (the snapshot path digests many small
+    tensors, where the fixed cost dominates), and it needs no integer reinterpretation
+    for dtypes numpy lacks (bfloat16, float8).  The caller keeps ``tensor`` alive
+    while the buffer is read.
+    """
+    size = tensor.numel() * tensor.element_size()
+    array_type = _BYTE_ARRAYS.get(size)
+    if array_type is None:
+        array_type = ctypes.c_char * size
+        if len(_BYTE_ARRAYS) < 65536:
+            _BYTE_ARRAYS[size] = array_type
+    return array_type.from_address(tensor.data_ptr())
+
+
 def cpu_digest(tensor: torch.Tensor) -> str:
     """xxh3-64 over dtype, shape and the raw bytes, without copying contiguous tensors."""
-    plain = tensor.detach()
+    plain = tensor.detach() if tensor.requires_grad else tensor
     if plain.is_conj() or plain.is_neg() or not plain.is_contiguous():
         plain = _plain(plain)
     hasher = xxhash.xxh3_64(_cached_header(plain))
     if plain.numel():
-        if plain.dtype in _NUMPY_VIEWABLE:
-            hasher.update(plain.numpy().reshape(-1).view("u1"))
-        else:
-            hasher.update(_as_integers(plain).numpy().view("u1"))
+        hasher.update(_raw_bytes(plain))
     return f"{CPU_ALGORITHM}:{hasher.hexdigest()}"
 
 
@@ -204,7 +215,7 @@ def tensor_digests(tensors: Sequence[torch.Tensor | None], *, on_device: bool | 
     for index, tensor in enumerate(tensors):
         if tensor is None or skip_reason(tensor) is not None:
             continue
-        use_device_path = tensor.device.type != "cpu" if on_device is None else on_device
+        use_device_path = not tensor.is_cpu if on_device is None else on_device
         if use_device_path:
             pending.append((index, tensor, device_digest_words(tensor)))
         else:

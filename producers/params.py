@@ -173,8 +173,10 @@ def _norms(tensors: Sequence[torch.Tensor | None]) -> list[float | None]:
     return results
 
 
-class GradDigestCache:
-    """Gradient digests and norms remembered per parameter, reused while the gradient is unchanged.
+class SnapshotMemo:
+    """What one snapshot can reuse from the previous ones of the same parameters.
+
+    *Gradient digests and norms*, reused while the gradient is unchanged.
 
     Between two snapshots of one step the gradients usually stay as they were (nothing
     touches them in ``Optimizer.step``, nor between the end of a step and the next
@@ -186,10 +188,27 @@ class GradDigestCache:
     which has a counter of its own, would go unseen; parameter *data* is therefore
     never cached (``param.data.add_()`` is a common way to modify weights).
     Gradients are held by weak reference so the cache never keeps memory alive.
+
+    *Metadata attributes* of each parameter (see `_static_attrs`).  Entries are keyed
+    by ``id(param)`` and checked against a weak reference, since tensors cannot be
+    dictionary keys by value (``==`` is elementwise).
     """
 
     def __init__(self) -> None:
         self._entries: dict[int, tuple[weakref.ref[torch.Tensor], int, str | None, float | None]] = {}
+        self._static: dict[int, tuple[weakref.ref[torch.Tensor], tuple[Any, ...], dict[str, Any]]] = {}
+
+    def static_attrs(self, param: torch.Tensor, key: tuple[Any, ...]) -> dict[str, Any] | None:
+        entry = self._static.get(id(param))
+        if entry is None or entry[0]() is not param or entry[1] != key:
+            return None
+        return entry[2]
+
+    def store_static_attrs(self, param: torch.Tensor, key: tuple[Any, ...], attrs: dict[str, Any]) -> None:
+        try:
+            self._static[id(param)] = (weakref.ref(param), key, attrs)
+        except TypeError:
+            pass
 
     def lookup(self, param: torch.Tensor, grad: torch.Tensor) -> tuple[str | None, float | None] | None:
         entry = self._entries.get(id(param))
@@ -205,10 +224,11 @@ class GradDigestCache:
 
     def clear(self) -> None:
         self._entries.clear()
+        self._static.clear()
 
 
 def snapshot_attrs(
-    entries: Iterable[ParamEntry], *, data: bool = True, grad_cache: GradDigestCache | None = None
+    entries: Iterable[ParamEntry], *, data: bool = True, memo: "SnapshotMemo | None" = None
 ) -> list[tuple[ParamEntry, dict[str, Any]]]:
     """Attributes of each parameter: metadata, grad digest/norm and (if ``data``) data digest/norm.
 
@@ -230,7 +250,7 @@ def snapshot_attrs(
         for index, grad in enumerate(grads):
             if grad is None:
                 continue
-            cached = grad_cache.lookup(primaries[index].param, grad) if grad_cache is not None else None
+            cached = memo.lookup(primaries[index].param, grad) if memo is not None else None
             if cached is None:
                 todo.append((index, grad.detach()))
             else:
@@ -241,33 +261,17 @@ def snapshot_attrs(
         norms = _norms(tensors)
     for offset, (index, _) in enumerate(todo, start=len(datas)):
         grad_digests[index], grad_norms[index] = digests[offset], norms[offset]
-        if grad_cache is not None:
-            grad_cache.store(primaries[index].param, grads[index], digests[offset], norms[offset])  # type: ignore[arg-type]
+        if memo is not None:
+            memo.store(primaries[index].param, grads[index], digests[offset], norms[offset])  # type: ignore[arg-type]
     by_param: dict[int, dict[str, Any]] = {}
     for index, entry in enumerate(primaries):
         param = entry.param
-        shape, dtype, numel = _layout(param)
-        attrs: dict[str, Any] = {
-            "shape": list(shape),
-            "dtype": dtype,
-            "device": _device_name(param.device),
-            "requires_grad": param.requires_grad,
-            "is_leaf": param.is_leaf,
-            "numel": numel,
-            "grad_digest": grad_digests[index],
-            "grad_norm": grad_norms[index],
-            "module": entry.module,
-            "mtype": entry.mtype,
-        }
+        attrs = dict(_static_attrs(entry, param, memo))
+        attrs["grad_digest"] = grad_digests[index]
+        attrs["grad_norm"] = grad_norms[index]
         if data:
             attrs["data_digest"] = digests[index]
             attrs["data_norm"] = norms[index]
-        reason = skip_reason(param)
-        if reason is not None:
-            attrs["digest_skipped"] = reason
-        parallel = _parallel_attributes(param)
-        if parallel:
-            attrs["parallel"] = parallel
         by_param[id(param)] = attrs
     results = []
     for entry in entries:
@@ -278,6 +282,44 @@ def snapshot_attrs(
             attrs = {**attrs, "module": entry.module, "mtype": entry.mtype, "alias_of": entry.alias_of}
         results.append((entry, attrs))
     return results
+
+
+def _static_attrs(entry: ParamEntry, param: torch.Tensor, memo: "SnapshotMemo | None") -> dict[str, Any]:
+    """A parameter's metadata attributes, rebuilt only when something they derive from changed.
+
+    The same parameters are snapshotted several times per step; their shape, dtype,
+    device and flags almost never change, and turning them into strings and lists
+    per snapshot is most of a small parameter's snapshot cost.  The key is read from
+    the tensor every time, so a change (``requires_grad_(False)``, ``.to()``) shows;
+    sharding marks (`PARALLEL_ATTRIBUTES`) are read when the parameter is first seen,
+    which is when frameworks set them.
+    """
+    key = (param.shape, param.dtype, param.device, param.requires_grad, param.is_leaf, entry.module, entry.mtype)
+    cached = memo.static_attrs(param, key) if memo is not None else None
+    if cached is not None:
+        return cached
+    shape, dtype, numel = _layout(param)
+    attrs: dict[str, Any] = {
+        "shape": list(shape),
+        "dtype": dtype,
+        "device": _device_name(param.device),
+        "requires_grad": param.requires_grad,
+        "is_leaf": param.is_leaf,
+        "numel": numel,
+        "grad_digest": None,
+        "grad_norm": None,
+        "module": entry.module,
+        "mtype": entry.mtype,
+    }
+    reason = skip_reason(param)
+    if reason is not None:
+        attrs["digest_skipped"] = reason
+    parallel = _parallel_attributes(param)
+    if parallel:
+        attrs["parallel"] = parallel
+    if memo is not None:
+        memo.store_static_attrs(param, key, attrs)
+    return attrs
 
 
 def _parallel_attributes(param: torch.Tensor) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from .params import PARAMETER_VTYPE, GradDigestCache, ParameterRegistry, snapshot_attrs
+from .params import PARAMETER_VTYPE, SnapshotMemo, ParameterRegistry, snapshot_attrs
 from .recorder import StepRecorder
 from .selection import MODULE_FORWARD, OPTIMIZER_STEP, OPTIMIZER_ZERO_GRAD, WORKER_INIT, Selection
 from .steps import OptimizerCycle
@@ -89,7 +89,7 @@ class Tracer:
         self.stats_every_steps = max(int(stats_every_steps), 1)
         self._stats_source = stats_source
         self.registry = ParameterRegistry()
-        self._grad_cache = GradDigestCache()
+        self._memo = SnapshotMemo()
         self.cycle = OptimizerCycle()
         self.stage = "init"
         self._explicit_stages: list[str] = []
@@ -279,7 +279,7 @@ class Tracer:
     def _take(self, entries: list[Any], data: bool = True) -> list[tuple[Any, dict[str, Any]]]:
         self._tls.busy = True
         try:
-            return snapshot_attrs(entries, data=data, grad_cache=self._grad_cache)
+            return snapshot_attrs(entries, data=data, memo=self._memo)
         finally:
             self._tls.busy = False
 
@@ -509,7 +509,7 @@ class Tracer:
         self._tls = _ThreadState()
         self._open_steps = {}
         self._pending_end_states = []
-        self._grad_cache = GradDigestCache()
+        self._memo = SnapshotMemo()
         self.active = False
         self.recorder.reset_after_fork()
 
