@@ -8,7 +8,8 @@ worker starts.  ``faults`` inject the silent bugs the templates exist to catch, 
 chosen step (and rank), so tests can assert *where* a violation is reported.
 
 Fault names: ``drift`` (rank's weights differ after the step), ``frozen`` (the step
-leaves one trainable parameter unchanged), ``no_zero_grad``, ``dropout_in_eval``,
+leaves one trainable parameter unchanged), ``step_noop`` (the step updates no parameter at
+all), ``no_zero_grad``, ``dropout_in_eval``,
 ``reinit`` (``nn.init.normal_`` mid-training), ``missing_rank`` (a rank never ends the
 step), ``same_worker_seed``, ``allreduce_shape`` (one rank reduces a different shape),
 ``autocast_lost`` (linear outputs float32 instead of bfloat16), ``untie``.
@@ -205,7 +206,7 @@ class SyntheticRun:
             for name, mtype, req, shape in PARAMS:
                 yield self._state(pid, "train", name, f"pre:{api}", cid, self._attrs(name, mtype, req, shape, step, rank, grad=req))
             for name, mtype, req, shape in PARAMS:
-                frozen = name == "module.fc1.weight" and self._fault("frozen", step, rank)
+                frozen = (name == "module.fc1.weight" and self._fault("frozen", step, rank)) or self._fault("step_noop", step, rank)
                 version = step if frozen else step + 1
                 yield self._state(pid, "train", name, f"post:{api}", cid, self._attrs(name, mtype, req, shape, version, rank, grad=req))
 

@@ -51,6 +51,7 @@ def test_healthy_run_with_other_seed_and_world_has_no_violation():
     [
         ("drift", 4, "Consistent"),
         ("frozen", 4, "EventContain"),
+        ("step_noop", 4, "EventContain"),
         ("no_zero_grad", 4, "APISequence"),
         ("dropout_in_eval", 3, "TrainingFlag"),
         ("reinit", 5, "APIAbsent"),
@@ -89,6 +90,51 @@ def test_optimizer_step_changes_only_params_with_grad_by_learned_precondition():
     assert check([inv], SyntheticRun(run="ok", steps=5, seed=3).batches()) == []
     violations = check([inv], SyntheticRun(run="bad", steps=5, faults=[Fault("frozen", 3, 0)]).batches())
     assert {(v.step, v.evidence["first"]["variable"]) for v in violations} == {(3, "module.fc1.weight"), (4, "module.fc1.weight")}
+
+
+def _optimizer_step_snapshots(batches, step, update):
+    """Apply ``update(attrs, at)`` to every snapshot around ``Optimizer.step`` at ``step``."""
+    for batch in batches:
+        if batch["step"] != step:
+            continue
+        for event in batch["events"]:
+            if event["kind"] == "state" and event["at"].endswith(":torch.optim.Optimizer.step"):
+                update(event["attrs"], event["at"])
+    return batches
+
+
+def test_optimizer_step_changes_some_parameter_per_call():
+    inv = find("EventContain", form="state", api="torch.optim.Optimizer.step", effect="changes_some")
+    # one frozen parameter (and the never-trained one) is not a call that updates nothing
+    assert check([inv], SyntheticRun(run="ok", steps=5, faults=[Fault("frozen", 2, 0)]).batches()) == []
+    violations = check([inv], SyntheticRun(run="bad", world=2, steps=5, faults=[Fault("step_noop", 3, 1)]).batches())
+    assert [(v.step, v.ranks) for v in violations] == [(3, [1]), (4, [1])]
+    assert violations[0].evidence["first"]["with_significant_gradient"] == 6
+
+
+def test_optimizer_step_that_changes_nothing_without_any_gradient_is_reported():
+    inv = find("EventContain", form="state", api="torch.optim.Optimizer.step", effect="changes_some")
+    # an optimizer over parameters that never receive a gradient: nothing moves
+    batches = list(SyntheticRun(run="bad", world=1, steps=4, faults=[Fault("step_noop", 2, 0)]).batches())
+
+    def no_grad(attrs, at):
+        attrs.update(grad_digest=None, grad_norm=None, requires_grad=False)
+
+    violations = check([inv], _optimizer_step_snapshots(batches, 2, no_grad))
+    assert [v.step for v in violations][:1] == [2]
+    assert violations[0].evidence["first"]["with_gradient"] == 0
+
+
+def test_optimizer_step_with_only_vanishing_gradients_is_not_judged():
+    inv = find("EventContain", form="state", api="torch.optim.Optimizer.step", effect="changes_some")
+    batches = list(SyntheticRun(run="tiny", world=1, steps=4, faults=[Fault("step_noop", 2, 0)]).batches())
+
+    def vanishing(attrs, at):  # gradients ~1e-7 of the weights (conv bias before BatchNorm)
+        if attrs.get("grad_norm") is not None:
+            attrs["grad_norm"] = 1e-7
+
+    # the step from 2 on updates nothing; at step 2 every gradient was too small to move the weights
+    assert [v.step for v in check([inv], _optimizer_step_snapshots(batches, 2, vanishing))] == [3]
 
 
 def test_zero_grad_clears_gradients():

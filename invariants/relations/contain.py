@@ -8,6 +8,12 @@
     ``cleared`` (the gradient is None or all zero afterwards, for ``zero_grad``).  A
     parameter left unchanged while its gradient is below 1e-4 of its norm is not judged
     (float32 weights may not move); one without any gradient is.
+    ``effect = "changes_some"`` is the per-*call* form: "each call of ``Optimizer.step``
+    changes at least one of the parameters it applies to".  It survives what the
+    per-parameter form cannot (frozen parameters, conv biases before BatchNorm whose
+    update is below float resolution) and still catches an optimizer over parameters
+    that get no gradient, or one whose step silently updates nothing.  A call whose
+    parameters all have gradients too small to move their weights is not judged.
 ``form = "call"``   the call contains another recorded call, optionally with given
     argument values: ``{"form": "call", "api": "torch.nn.Module.forward", "mtype": "Dropout",
     "child": "torch.nn.functional.dropout", "args": {"training": false}}`` if ``stage = eval``.
@@ -21,6 +27,8 @@ from ..window import FactPlan
 from .base import SIGNIFICANT_GRAD_RATIO, Site, Template, WindowView, freeze, is_scalar, lazy, thaw
 
 STATE_EFFECTS = (("data_digest", "changes"), ("data_digest", "preserves"), ("grad_digest", "cleared"))
+#: per-call effects: one site per call, judged over all the variables it snapshots
+CALL_EFFECTS = (("data_digest", "changes_some"),)
 MAX_CHILD_ARGS = 6
 
 
@@ -59,12 +67,19 @@ class EventContain(Template):
                     continue
                 api = at[4:]
                 wanted = [(a, e) for a, e in STATE_EFFECTS if families is None or ("state", api, a, e) in families]
-                if not wanted:
+                if not wanted and not any(families is None or ("state", api, a, e) in families for a, e in CALL_EFFECTS):
                     continue
                 post_calls = states.get("post:" + api) or {}
+                per_call_wanted = [(a, e) for a, e in CALL_EFFECTS if families is None or ("state", api, a, e) in families]
                 for call_key, before in per_call.items():
                     after = post_calls.get(call_key)
                     if not after:
+                        continue
+                    for attr, effect in per_call_wanted:
+                        site = _changes_some_site(view, rank, api, attr, effect, call_key, before, after)
+                        if site is not None and not (site.observed and families is not None):
+                            yield site
+                    if len(wanted) == 0:
                         continue
                     for name, pre_attrs in before.items():
                         post_attrs = after.get(name)
@@ -147,7 +162,7 @@ class EventContain(Template):
     def key(self, params: Mapping[str, Any]) -> tuple[tuple, Any]:
         form = params["form"]
         if form == "state":
-            if (params["attr"], params["effect"]) not in STATE_EFFECTS:
+            if (params["attr"], params["effect"]) not in STATE_EFFECTS + CALL_EFFECTS:
                 raise ValueError("effect")
             return ("state", str(params["api"]), params["attr"], params["effect"]), None
         if form == "call":
@@ -174,6 +189,8 @@ class EventContain(Template):
     def describe(self, params: Mapping[str, Any]) -> str:
         api = params["api"]
         if params["form"] == "state":
+            if params["effect"] == "changes_some":
+                return f"every call of {api} changes the data of at least one of the parameters it applies to"
             effect = {"changes": "changes", "preserves": "leaves unchanged", "cleared": "clears (None or zero)"}[params["effect"]]
             what = "data" if params["attr"] == "data_digest" else "gradient"
             return f"every call of {api} {effect} the {what} of the parameters it applies to"
@@ -184,6 +201,10 @@ class EventContain(Template):
 
     def hint(self, params: Mapping[str, Any]) -> str:
         if params["form"] == "state":
+            if params["effect"] == "changes_some":
+                return ("the optimizer step updated nothing: it was built over parameters that receive no gradient "
+                        "(e.g. the frozen part of the model instead of the trainable one), its learning rate is zero, "
+                        "or its update path skips every parameter (gradients lost or a stale plan after set_to_none)")
             if params["effect"] == "changes":
                 return ("the optimizer did not update this parameter: it is not in the optimizer's param groups, "
                         "it is frozen, the learning rate is zero, or its gradient was lost before the step")
@@ -198,6 +219,49 @@ class EventContain(Template):
             return site.evidence
         expected = params["child"] + (f" {params['args']}" if params.get("args") else "")
         return dict(site.evidence, expected=expected)
+
+
+def _changes_some_site(view: WindowView, rank: int, api: str, attr: str, effect: str, call_key: str,
+                       before: Mapping[str, Any], after: Mapping[str, Any]) -> Site | None:
+    """One per-call site: did the call change ``attr`` of at least one variable?"""
+    compared = with_grad = significant = 0
+    changed = False
+    first = None
+    for name, pre_attrs in before.items():
+        post_attrs = after.get(name)
+        if post_attrs is None or attr not in pre_attrs or attr not in post_attrs:
+            continue
+        if first is None:
+            first = pre_attrs
+        compared += 1
+        if pre_attrs.get("grad_digest") is not None:
+            with_grad += 1
+            if not _negligible_grad(pre_attrs):
+                significant += 1
+        if pre_attrs[attr] != post_attrs[attr]:
+            changed = True
+    if first is None:
+        return None
+    if not changed and with_grad and not significant:
+        return None  # every gradient is below what can move float32 weights: proves nothing
+    names = sorted(before)[:4]
+    return Site(
+        family=("state", api, attr, effect),
+        observed=changed,
+        records=lazy(lambda: [_call_state_record(view, first, rank)]),
+        ranks=[rank],
+        stage=first.get("stage", ""),
+        evidence={} if changed else {
+            "call": call_key, "parameters": compared, "with_gradient": with_grad,
+            "with_significant_gradient": significant, "unchanged": names,
+        },
+    )
+
+
+def _call_state_record(view: WindowView, attrs: Mapping[str, Any], rank: int) -> dict[str, Any]:
+    """Precondition record of a per-call site: only call-level fields (stage, rank, first
+    step), never one parameter's attributes, which would not describe the whole call."""
+    return {"stage": attrs.get("stage", ""), "rank": rank, "step_is_first": view.step == 0}
 
 
 def _attr_summary(attrs: Mapping[str, Any], attr: str) -> dict[str, Any]:
