@@ -131,6 +131,8 @@ class WindowState:
                         fact = self._call_fact(event, api, key, (seq, index), plan)
                         calls.append(fact)
                     fact["done"] = True
+                    if phase != "pre" and event.get("kwargs"):
+                        self._fold_kwargs(fact, event, api, plan)
                     if phase == "exc":
                         fact["exc"] = True
                     elif "ret" in event:
@@ -159,6 +161,22 @@ class WindowState:
         # until the step ends, a rank's stage is that of its latest event
         if not facts["ended"] and events and events[-1]["stage"]:
             facts["stage"] = events[-1]["stage"]
+
+    @staticmethod
+    def _fold_kwargs(fact: dict[str, Any], event: dict[str, Any], api: str, plan: FactPlan) -> None:
+        """Keyword arguments reported on the post event (``Module.forward``: global
+        pre-hooks never see them) count as the call's arguments; a pre-event argument of
+        the same name wins."""
+        kwargs = event.get("kwargs")
+        keep = plan.keeps_args(api)
+        if keep is False or not isinstance(kwargs, dict):
+            return
+        args = fact.get("args")
+        if not isinstance(args, dict):
+            args = fact["args"] = {}
+        for name, value in kwargs.items():
+            if isinstance(name, str) and name not in args and (keep is None or name in keep):
+                args[name] = value
 
     @staticmethod
     def _find_call(calls: list[dict[str, Any]], key: str) -> dict[str, Any] | None:

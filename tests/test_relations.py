@@ -287,3 +287,38 @@ def test_variable_set_change_mid_run_is_reported():
     assert [(v.step, v.ranks) for v in violations] == [(3, [1]), (4, [1])]
     first = violations[0].evidence["first"]
     assert first["count_at_step_0"] == 7 and first["count"] == 8 and "module.new.weight" in first["names"]
+
+
+def _sampler_batch(step: int, generated: int, *, mtype: str = "GreedySampler", dtype: str = "int64",
+                   budget: str = "max_new_tokens") -> dict:
+    """A module forward whose budget arrives as a keyword argument on the post event only."""
+    base = {"kind": "call", "pid": 1, "tid": 1, "stage": "eval", "name": f"{mtype}.forward",
+            "api": "torch.nn.Module.forward", "cid": step * 10 + 1, "parent": None, "module": "",
+            "mtype": mtype, "training": False, "ctx": {"grad": False}}
+    events = [dict(base, t=step * 10, phase="pre", args={"0": {"T": "tensor", "shape": [2, 4], "dtype": "int64"}}),
+              dict(base, t=step * 10 + 1, phase="post", kwargs={budget: 6},
+                   ret={"T": "tensor", "shape": [2, generated], "dtype": dtype}),
+              {"kind": "step", "t": step * 10 + 5, "pid": 1, "tid": 1, "stage": "eval", "phase": "end"}]
+    return make_batch(run="gen", rank=0, world=1, step=step, seq=step, events=events)
+
+
+def test_generation_budget_from_post_event_kwargs_transfers_across_module_types():
+    inferencer = Inferencer(["APIOutput"])
+    inferencer.add_trace([_sampler_batch(s, 6 - s % 2) for s in range(4)])
+    invariants = inferencer.finish()
+    typeless = [i for i in invariants if i.params == {"form": "bounded", "api": "torch.nn.Module.forward",
+                                                      "arg": "max_new_tokens", "out": "last_dim"}]
+    assert typeless and typeless[0].precondition is None
+    # another pipeline's sampler class, in another stage, overrunning its budget at step 2
+    other = [_sampler_batch(s, 9 if s == 2 else 5, mtype="BeamSearcher") for s in range(4)]
+    assert [(v.step, v.evidence["first"]["last_dim"]) for v in check(typeless, other)] == [(2, 9)]
+    # float outputs (logits) of a module given some max_* keyword are not generated tokens
+    logits = [_sampler_batch(s, 99, mtype="BeamSearcher", dtype="float32") for s in range(4)]
+    assert check(typeless, logits) == []
+
+
+def test_budget_words_of_no_generation_stay_scoped_to_their_module_type():
+    inferencer = Inferencer(["APIOutput"])
+    inferencer.add_trace([_sampler_batch(s, 3, budget="max_norm") for s in range(4)])
+    params = [i.params for i in inferencer.finish() if i.params.get("form") == "bounded"]
+    assert params and all(p.get("mtype") == "GreedySampler" for p in params)

@@ -11,7 +11,13 @@
     "out": "len"}`` — a numeric output never exceeds the argument that limits it.
 
 Calls of ``torch.nn.Module.forward`` are keyed by module type (``mtype``): a rule about
-a ``Preprocessor`` says nothing about a ``Conv2d``.
+a ``Preprocessor`` says nothing about a ``Conv2d``.  One exception transfers across
+pipelines: a module forward given a *generation budget* keyword
+(``max_new_tokens``, ``max_length``...) and returning integer token ids is also a site
+of the type-free rule ``{"form": "bounded", "api": "torch.nn.Module.forward", "arg":
+"max_new_tokens", "out": "last_dim"}`` — "generated sequences never exceed the budget
+they were given", whatever the user's sampler class is called.  Keyword arguments of
+``Module.forward`` come from the post event (`invariants.window`).
 """
 
 from __future__ import annotations
@@ -25,6 +31,14 @@ CONSTANT_PROPS = ("dtype",)
 #: ``batch`` is the leading dimension: preprocessing may pad or crop, never drop samples
 INPUT_PROPS = ("shape", "dtype", "batch")
 BOUND_WORDS = ("max", "limit")
+MODULE_FORWARD = "torch.nn.Module.forward"
+#: keyword arguments that bound the length of generated token sequences in any pipeline
+GENERATION_BUDGETS = frozenset({"max_new_tokens", "max_length", "max_len", "max_tokens", "max_gen_len"})
+
+
+def _is_token_ids(ret: Any) -> bool:
+    dtype = ret.get("dtype") if isinstance(ret, dict) else None
+    return isinstance(dtype, str) and "int" in dtype and "bool" not in dtype
 
 
 def _prop(summary: dict[str, Any], prop: str) -> Any:
@@ -66,7 +80,7 @@ class APIOutput(Template):
                 api = call["api"]
                 # module forwards differ by module type: a rule is about one type
                 mtype = call.get("mtype") or ""
-                if wanted is not None and (api, mtype) not in wanted:
+                if wanted is not None and (api, mtype) not in wanted and (api, "") not in wanted:
                     continue
                 ret = call["ret"]
                 stage = call.get("stage", "")
@@ -104,15 +118,25 @@ class APIOutput(Template):
                             continue
                         if not isinstance(limit, (int, float)) or isinstance(limit, bool):
                             continue
+                        scopes = [mtype]
+                        if mtype and api == MODULE_FORWARD and arg_name in GENERATION_BUDGETS and _is_token_ids(ret):
+                            scopes.append("")  # the type-free generation-budget rule
                         for out_name, out_value in outputs.items():
-                            family = ("bounded", api, mtype, arg_name, out_name)
-                            if families is not None and family not in families:
-                                continue
-                            holds = out_value <= limit
-                            if holds and families is not None:
-                                continue
-                            yield Site(family, holds, record, [rank], stage,
-                                       {} if holds else {"call": call["key"], "limit": limit, out_name: out_value})
+                            for scope in scopes:
+                                family = ("bounded", api, scope, arg_name, out_name)
+                                if families is not None and family not in families:
+                                    continue
+                                holds = out_value <= limit
+                                if holds and families is not None:
+                                    continue
+                                # A generation budget binds in every stage, precision and grad
+                                # mode: the type-free rule keeps no context one reference
+                                # happened to sample in, which would only blind it elsewhere.
+                                site_records = record if scope else (
+                                    lambda rank=rank: [{"rank": rank, "step_is_first": view.step == 0}])
+                                yield Site(family, holds, site_records, [rank], stage,
+                                           {} if holds else {"call": call["key"], "module": call.get("module"),
+                                                             "mtype": mtype, "limit": limit, out_name: out_value})
 
     def params(self, family: tuple, value: Any) -> dict[str, Any]:
         form, api, mtype = family[0], family[1], family[2]
