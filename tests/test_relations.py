@@ -225,6 +225,23 @@ def test_distinct_rule_is_dropped_when_a_reference_repeats_a_value():
     assert inferencer.finish() == []
 
 
+def test_distinct_rule_ignores_workers_that_report_no_value():
+    def run(values):
+        for step, pair in enumerate(values):
+            yield _call_batch(step, [{"api": "torch.utils.data.worker_init", "args": {"worker_id": i, "dataset_rng_digest": v}}
+                                     for i, v in enumerate(pair)])
+
+    # a pipeline whose dataset owns no RNG reports None from every worker: not a repeat
+    inferencer = Inferencer(["APIArg"])
+    inferencer.add_trace(run([(None, None), (None, None)]))
+    inferencer.add_trace(run([("a1", "b1"), ("a2", "b2"), (None, None)]))
+    rule = [i for i in inferencer.finish() if i.params["arg"] == "dataset_rng_digest"]
+    assert [i.params["form"] for i in rule] == ["distinct"]
+    assert check(rule, run([(None, None), ("c", "d"), (None, "e")])) == []
+    violations = check(rule, run([("c", "d"), ("f", "f")]))
+    assert [(v.step, v.evidence["first"]["repeated_values"]) for v in violations] == [(1, ["f"])]
+
+
 def test_every_template_has_description_and_hint():
     for inv in learned():
         template_hint = Engine(InvariantSet([inv]))  # compiles

@@ -9,6 +9,11 @@
     "arg": "numpy_state_digest"}`` — every DataLoader worker starts from its own RNG
     state.  Broken by workers that all apply the same "random" augmentation.
     Distinct rules take no precondition: one repeated value in the references drops them.
+    A ``None`` argument is "not applicable" and never counts as a repeat: the DataLoader
+    worker start reports ``dataset_rng_digest = None`` for datasets that own no RNG, and
+    ``{"form": "distinct", "api": "torch.utils.data.worker_init", "arg":
+    "dataset_rng_digest"}`` then judges only pipelines whose dataset keeps its own
+    generator (copied unchanged into every worker unless a ``worker_init_fn`` reseeds it).
 """
 
 from __future__ import annotations
@@ -80,13 +85,17 @@ class APIArg(Template):
 
     def _distinct_sites(self, view: WindowView, api: str, per_rank: dict, families: Any) -> Iterator[Site]:
         for rank in sorted(per_rank):
-            calls = per_rank[rank].get(api) or []
-            if len(calls) < 2:
+            all_calls = per_rank[rank].get(api) or []
+            if len(all_calls) < 2:
                 continue
-            names = set.intersection(*(set(c["args"]) for c in calls))
+            names = set.union(*(set(c["args"]) for c in all_calls))
             for name in sorted(names):
                 family = ("distinct", api, name)
                 if families is not None and family not in families:
+                    continue
+                # None is "not applicable here" (a dataset that owns no RNG), never a value
+                calls = [c for c in all_calls if c["args"].get(name) is not None]
+                if len(calls) < 2:
                     continue
                 values = [freeze(c["args"][name]) for c in calls]
                 holds = len(set(values)) == len(values)
