@@ -22,6 +22,7 @@ from . import runtime
 from .config import ProducerConfig
 from .interception import install
 from .recorder import StepRecorder
+from .signals import TermHandle, flush_on_sigterm
 from .sinks import FileSink, KafkaSink, Sink, kafka_settings_from_env
 from .tracer import Tracer
 
@@ -80,8 +81,11 @@ class Session:
             runtime.deactivate(self)
             raise
         self._close_at_exit = close_at_exit
+        self._term_handle: TermHandle | None = None
         if close_at_exit:
             runtime.register_exit(self.close)
+            # torchrun/Kubernetes stop workers with SIGTERM, which skips atexit.
+            self._term_handle = flush_on_sigterm(self.close)
 
     # -- public API -----------------------------------------------------------------
     @property
@@ -112,6 +116,9 @@ class Session:
             if self._closed:
                 return
             self._closed = True
+        if self._term_handle is not None:
+            self._term_handle.remove()
+            self._term_handle = None
         if self.forked_child:
             self.close_worker()
             return
