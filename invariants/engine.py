@@ -25,7 +25,7 @@ from .invariant_set import InvariantSet
 from .model import Violation
 from .relations import ALL_RANKS_REPORT
 from .relations.base import WindowView
-from .relations.consistent import replication_baseline
+from .relations.consistent import replication_baseline, tie_baseline
 from .relations.stable_variables import variable_counts
 from .window import FactPlan, WindowState
 
@@ -41,7 +41,7 @@ class RunState:
     """
 
     __slots__ = ("run", "world", "closed_below", "closed_above", "last_step_by_rank", "windows_closed", "violations",
-                 "rank_local", "variable_counts")
+                 "rank_local", "variable_counts", "ties")
 
     def __init__(self, run: str) -> None:
         self.run = run
@@ -56,6 +56,8 @@ class RunState:
         self.rank_local: dict[str, list[str]] = {}
         #: at -> rank -> variables snapshotted at step 0 (StableVariables' baseline)
         self.variable_counts: dict[str, dict[int, int]] = {}
+        #: [alias, primary] pairs of tied variables at step 0 (Consistent scope "aliases")
+        self.ties: list[list[str]] = []
 
     @property
     def highest_closed(self) -> int:
@@ -76,7 +78,7 @@ class RunState:
     def to_bytes(self) -> bytes:
         return msgpack.packb(
             [self.run, self.world, self.closed_below, sorted(self.closed_above), self.last_step_by_rank,
-             self.windows_closed, self.violations, self.rank_local, self.variable_counts],
+             self.windows_closed, self.violations, self.rank_local, self.variable_counts, self.ties],
             use_bin_type=True,
         )
 
@@ -87,6 +89,7 @@ class RunState:
         state.rank_local = dict(rest[0]) if rest else {}
         counts = rest[1] if len(rest) > 1 else {}
         state.variable_counts = {at: {int(r): n for r, n in per.items()} for at, per in counts.items()}
+        state.ties = [list(pair) for pair in rest[2]] if len(rest) > 2 else []
         state.world, state.closed_below, state.closed_above = world, below, set(above)
         state.last_step_by_rank = {int(k): v for k, v in last.items()}
         state.windows_closed, state.violations = closed, violations
@@ -124,7 +127,8 @@ class Engine:
         if window.step == 0:
             run_state.rank_local = replication_baseline(window)
             run_state.variable_counts = variable_counts(window)
-        view = WindowView(window, run_state.rank_local, run_state.variable_counts)
+            run_state.ties = tie_baseline(window)
+        view = WindowView(window, run_state.rank_local, run_state.variable_counts, run_state.ties)
         found: dict[str, Violation] = {}
         counts: dict[str, int] = {}
         for relation, families in self.invariant_set.by_family.items():

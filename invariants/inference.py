@@ -28,7 +28,7 @@ from .model import Invariant
 from .precondition import SignatureCache, infer_precondition
 from .relations import TEMPLATES
 from .relations.base import Template, WindowView
-from .relations.consistent import replication_baseline
+from .relations.consistent import replication_baseline, tie_baseline
 from .relations.stable_variables import variable_counts
 from .window import FactPlan, WindowState
 
@@ -64,6 +64,7 @@ class Inferencer:
         #: run -> rank-local variables found at its step 0 (see replication_baseline)
         self.rank_local: dict[str, dict[str, list[str]]] = {}
         self.variable_counts: dict[str, dict[str, dict[int, int]]] = {}
+        self.ties: dict[str, list[list[str]]] = {}
         self._signature = SignatureCache()
         #: per trace: rank-windows seen, and rank-windows per value family (for templates
         #: that only trust families present in most steps of every trace using them)
@@ -80,7 +81,9 @@ class Inferencer:
         if window.step == 0:
             self.rank_local[window.run] = replication_baseline(window)
             self.variable_counts[window.run] = variable_counts(window)
-        view = WindowView(window, self.rank_local.get(window.run), self.variable_counts.get(window.run))
+            self.ties[window.run] = tie_baseline(window)
+        view = WindowView(window, self.rank_local.get(window.run), self.variable_counts.get(window.run),
+                          self.ties.get(window.run))
         for template in self.templates:
             if hasattr(template, "infer_observe"):
                 template.infer_observe(view, self.custom.setdefault(template.relation, {}))

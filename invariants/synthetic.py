@@ -137,13 +137,16 @@ class SyntheticRun:
         numel = 1
         for d in shape:
             numel *= d
-        return {
+        attrs = {
             "shape": shape, "dtype": "torch.float32", "device": "cpu", "requires_grad": req, "is_leaf": True,
             "data_digest": _digest("data", data_key, version if req else 0, rank if drifted else -1, self.seed),
             "grad_digest": _digest("grad", name, version) if grad else None,
             "data_norm": 1.0 + version, "grad_norm": 0.5 if grad else None, "numel": numel,
             "module": name.rsplit(".", 1)[0], "mtype": mtype,
         }
+        if data_key == "tied" and name == TIED[1]:
+            attrs["alias_of"] = TIED[0]  # the producer names the first registration of a shared tensor
+        return attrs
 
     def _state(self, pid: int, stage: str, name: str, at: str, cid: int | None, attrs: dict) -> dict[str, Any]:
         return self._ev("state", stage, pid, name=name, vtype="torch.nn.Parameter", at=at, cid=cid, attrs=attrs)

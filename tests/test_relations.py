@@ -339,3 +339,32 @@ def test_budget_words_of_no_generation_stay_scoped_to_their_module_type():
     inferencer.add_trace([_sampler_batch(s, 3, budget="max_norm") for s in range(4)])
     params = [i.params for i in inferencer.finish() if i.params.get("form") == "bounded"]
     assert params and all(p.get("mtype") == "GreedySampler" for p in params)
+
+
+def test_ties_reported_at_step_zero_keep_holding_whatever_the_names():
+    inv = find("Consistent", scope="aliases", at="step_end", attr="data_digest")
+    assert inv.precondition is None
+    assert check([inv], SyntheticRun(run="ok", world=2, steps=5, seed=4).batches()) == []
+    violations = check([inv], SyntheticRun(run="bad", world=2, steps=5, faults=[Fault("untie", 2, 0)]).batches())
+    assert [v.step for v in violations] == [2, 3, 4]
+    broken = violations[0].evidence["first"]["broken"][0]
+    assert (broken["alias"], broken["of"], broken["still_reported_as_alias"]) == ("module.head.weight", "module.embed.weight", False)
+
+
+def test_tie_baseline_survives_run_state_serialisation():
+    from invariants.engine import RunState
+
+    inv = find("Consistent", scope="aliases", at="step_end", attr="data_digest")
+    engine = Engine(InvariantSet([inv]))
+    batches = list(SyntheticRun(run="bad", world=1, steps=4, faults=[Fault("untie", 2, 0)]).batches())
+    state = RunState("bad")
+    found = []
+    for step in range(4):
+        window = engine.new_window("bad", step)
+        for batch in batches:
+            if batch["step"] == step:
+                engine.add_batch(window, batch)
+        found += engine.evaluate(window, state)
+        state = RunState.from_bytes(state.to_bytes())
+    assert state.ties == [["module.head.weight", "module.embed.weight"]]
+    assert [v.step for v in found] == [2, 3]

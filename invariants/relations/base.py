@@ -91,7 +91,7 @@ class WindowView:
     """Read-only queries over a `WindowState`, computed once per evaluation."""
 
     def __init__(self, window: WindowState, rank_local: Mapping[str, Any] | None = None,
-                 variable_counts: Mapping[str, Any] | None = None) -> None:
+                 variable_counts: Mapping[str, Any] | None = None, ties: list | None = None) -> None:
         self.window = window
         self.run = window.run
         self.step = window.step
@@ -100,6 +100,8 @@ class WindowView:
         self.rank_local: Mapping[str, Any] = rank_local or {}
         #: at -> rank -> number of variables snapshotted at step 0 (StableVariables)
         self.variable_counts: Mapping[str, Any] = variable_counts or {}
+        #: [alias, primary] pairs tied at step 0 (see `consistent.tie_baseline`)
+        self.ties: list = ties or []
         self._calls: dict[int, list[dict[str, Any]]] = {}
         self._children: dict[int, dict[str, list[dict[str, Any]]]] = {}
 

@@ -10,6 +10,14 @@ Two forms, both evaluated inside one step window (no liveness-overlap guessing):
     ``{"scope": "variables", "at": "step_end", "attr": "data_digest",
     "a": "module.lm_head.weight", "b": "module.tok_emb.weight"}``.
 
+``scope = "aliases"``    every tie the producer reported in the run's first step (a
+    snapshot with ``alias_of``: one tensor registered under two names) still holds,
+    whatever the variables are called: ``{"scope": "aliases", "at": "step_end", "attr":
+    "data_digest"}``.  The ties are a run-level baseline (`tie_baseline`, kept in
+    `RunState.ties`) because a broken tie is no longer reported as one: after a
+    checkpoint restore with ``assign=True`` the two names are independent tensors that
+    drift apart.  Unlike ``variables`` it transfers to pipelines with other names.
+
 Digests are full-tensor (every element counts), so equality is exact.
 """
 
@@ -85,6 +93,19 @@ def replication_baseline(window: Any) -> dict[str, list[str]]:
     return result
 
 
+def tie_baseline(window: Any) -> list[list[str]]:
+    """``[alias, primary]`` pairs of every tie snapshotted in a run's step-0 window."""
+    pairs: set[tuple[str, str]] = set()
+    for facts in window.ranks.values():
+        for per_call in facts["states"].values():
+            for snapshot in per_call.values():
+                for name, attrs in snapshot.items():
+                    primary = attrs.get("alias_of")
+                    if isinstance(primary, str) and primary and primary != name:
+                        pairs.add((name, primary))
+    return [list(pair) for pair in sorted(pairs)]
+
+
 class Consistent(Template):
     relation = "Consistent"
 
@@ -100,6 +121,7 @@ class Consistent(Template):
             snapshots = {rank: _latest_by_name(view.facts(rank), at) for rank in ranks}
             yield from self._rank_sites(view, at, snapshots, families)
             yield from self._tie_sites(view, at, snapshots, families)
+            yield from self._alias_sites(view, at, snapshots, families)
 
     def _rank_sites(self, view: WindowView, at: str, snapshots: dict[int, dict[str, dict]], families: Any) -> Iterator[Site]:
         present = [r for r, names in snapshots.items() if names]
@@ -195,21 +217,57 @@ class Consistent(Template):
                     context=names,
                 )
 
+    def _alias_sites(self, view: WindowView, at: str, snapshots: dict[int, dict[str, dict]], families: Any) -> Iterator[Site]:
+        for attr in TIED_ATTRS:
+            family = ("aliases", at, attr)
+            if families is not None and family not in families:
+                continue
+            for rank, names in sorted(snapshots.items()):
+                pairs = {tuple(pair) for pair in view.ties}
+                for name, attrs in names.items():  # ties of this window too (runs tied after step 0)
+                    primary = attrs.get("alias_of")
+                    if isinstance(primary, str) and primary and primary != name:
+                        pairs.add((name, primary))
+                judged = [(a, b) for a, b in sorted(pairs)
+                          if names.get(a, {}).get(attr) is not None and names.get(b, {}).get(attr) is not None]
+                if not judged:
+                    continue
+                broken = [(a, b) for a, b in judged if names[a][attr] != names[b][attr]]
+                if not broken and families is not None:
+                    continue
+                yield Site(
+                    family=family,
+                    observed=not broken,
+                    # a tie binds in every stage and context: no precondition worth learning
+                    records=[{"rank": rank}],
+                    ranks=[rank],
+                    stage=view.rank_stage(rank),
+                    evidence={} if not broken else {
+                        "broken": [{"alias": a, "of": b, "alias_value": names[a][attr], "value": names[b][attr],
+                                    "still_reported_as_alias": names[a].get("alias_of") == b} for a, b in broken[:4]],
+                        "attr": attr,
+                    },
+                )
+
     def params(self, family: tuple, value: Any) -> dict[str, Any]:
-        if family[0] == "ranks":
-            return {"scope": "ranks", "at": family[1], "attr": family[2]}
+        if family[0] in ("ranks", "aliases"):
+            return {"scope": family[0], "at": family[1], "attr": family[2]}
         return {"scope": "variables", "at": family[1], "attr": family[2], "a": value[0], "b": value[1]}
 
     def key(self, params: Mapping[str, Any]) -> tuple[tuple, Any]:
         scope = params["scope"]
-        if scope == "ranks":
-            return ("ranks", str(params["at"]), str(params["attr"])), None
+        if scope in ("ranks", "aliases"):
+            if scope == "aliases" and params["attr"] not in TIED_ATTRS:
+                raise ValueError("attr")
+            return (scope, str(params["at"]), str(params["attr"])), None
         if scope == "variables":
             return ("variables", str(params["at"]), str(params["attr"])), (str(params["a"]), str(params["b"]))
         raise ValueError("scope")
 
     def needs(self, params: Mapping[str, Any]) -> FactPlan:
         norm = "grad_norm" if params["attr"] == "grad_digest" else "data_norm"
+        if params["scope"] == "aliases":
+            return FactPlan(apis=set(), state_points={params["at"]}, state_attrs={params["attr"], "alias_of"})
         return FactPlan(apis=set(), state_points={params["at"]}, state_attrs={params["attr"], "numel", norm})
 
     def apis(self, params: Mapping[str, Any]) -> list[str]:
@@ -220,6 +278,9 @@ class Consistent(Template):
         where = _where(params["at"])
         if params["scope"] == "ranks":
             return f"every parameter's {params['attr']} is identical on all data-parallel ranks {where}"
+        if params["scope"] == "aliases":
+            return (f"variables tied at the start of the run (one tensor under two names) keep identical "
+                    f"{params['attr']} {where}")
         return f"{params['a']} and {params['b']} hold identical {params['attr']} {where} (tied variables)"
 
     def hint(self, params: Mapping[str, Any]) -> str:
@@ -236,7 +297,7 @@ class Consistent(Template):
         return value[0] in names and value[1] in names
 
     def violation_evidence(self, params: Mapping[str, Any], site: Site) -> dict[str, Any]:
-        if params["scope"] == "ranks":
+        if params["scope"] in ("ranks", "aliases"):
             return site.evidence
         names = site.context or {}
         attr = params["attr"]
