@@ -54,6 +54,7 @@ log = logging.getLogger("trainwatch.checker")
 DEAD_LETTER_VALUE_LIMIT = 64 * 1024
 TICK_RESEND_SECONDS = 2.0
 YIELD_EVERY_MESSAGES = 64
+DELIVERY_WAIT_S = 5.0
 #: Every this many ticks the timer re-reads the whole table and looks for evictions.
 RESCAN_EVERY_TICKS = 20
 #: Changelog writes of per-run bookkeeping are thinned out; see `_close` and the trend agent.
@@ -327,10 +328,9 @@ class StreamChecker:
             await self.violations_topic.send(key=record.run.encode(), value=encode_violation(violation))
             for violation in fresh
         ]
-        for delivery in deliveries:
-            # Delivered before the closed marker is written: a crash in between can at
-            # worst repeat a violation (same id, dropped by readers), never lose one.
-            await delivery
+        # Delivered before the closed marker is written: a crash in between can at worst
+        # repeat a violation (same id, dropped by readers), never lose one.
+        await self._settle(deliveries, "violation delivery")
         summary = StepSummaryBuilder.from_dict(record.summary or {"run": record.run, "step": record.step})
         await self.summaries_topic.send(
             key=record.run.encode(),
@@ -343,10 +343,25 @@ class StreamChecker:
         self._ticks_sent.pop(key, None)
         if fresh:
             # Flush the marker too, so a crash from here on cannot repeat the violations.
-            await self.app.producer.flush()
+            await self._settle([self.app.producer.flush()], "producer flush")
         self.metrics.window_closed(record.run, record.step, missing_ranks=forced, seconds=elapsed)
         for violation in fresh:
             self._report(violation)
+
+    async def _settle(self, waits: list[Any], what: str) -> None:
+        """Wait for deliveries, but never indefinitely.
+
+        During a rebalance Faust suspends the flow of the worker while it waits for
+        the agents to go idle; an agent blocked on a delivery would then stall its
+        partitions.  After `DELIVERY_WAIT_S` the agent moves on (the records stay
+        queued in the producer and go out when the flow resumes).
+        """
+        if not waits:
+            return
+        try:
+            await asyncio.wait_for(asyncio.gather(*waits), timeout=DELIVERY_WAIT_S)
+        except asyncio.TimeoutError:
+            log.warning("%s still pending after %ss; continuing", what, DELIVERY_WAIT_S)
 
     def _report(self, violation: dict[str, Any], *, invariant: bool = True) -> None:
         if invariant:  # trend alerts have their own counter, trainwatch_trend_alerts_total
@@ -396,8 +411,7 @@ class StreamChecker:
                 await self.violations_topic.send(key=key, value=encode_violation(alert.to_violation_dict()))
                 for alert in alerts
             ]
-            for delivery in deliveries:
-                await delivery  # as for violations: delivered before the state that records them
+            await self._settle(deliveries, "trend alert delivery")  # as for violations
             if alerts or envelope.get("lifecycle") or self._due(b"trend\x00" + key, TREND_WRITE_EVERY):
                 # Steps that raised an alert are always persisted (so a replay cannot
                 # repeat it); quiet steps only every few, to spare changelog records.
@@ -405,7 +419,7 @@ class StreamChecker:
                 self.trends[key] = raw
                 self._trend_cache[key] = (raw, monitor, live)
             if alerts:
-                await self.app.producer.flush()
+                await self._settle([self.app.producer.flush()], "producer flush")
             for alert in alerts:
                 self.metrics.trend_alert(alert.run, alert.rule)
                 self._report(alert.to_violation_dict(), invariant=False)
