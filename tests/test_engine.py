@@ -230,3 +230,21 @@ def test_contract_valid_but_odd_events_never_crash_the_engine(data):
     inferencer = Inferencer()
     inferencer.add_trace(batches)
     inferencer.finish()
+
+
+def test_post_event_keyword_arguments_join_the_call_arguments():
+    from invariants.events import make_batch
+    from invariants.window import FactPlan, WindowState
+
+    base = {"kind": "call", "pid": 1, "tid": 1, "stage": "eval", "name": "Sampler.forward",
+            "api": "torch.nn.Module.forward", "cid": 7, "parent": None, "mtype": "Sampler"}
+    events = [dict(base, t=1, phase="pre", args={"0": "prompt"}),
+              dict(base, t=2, phase="post", kwargs={"max_new_tokens": 6, "0": "not this", "top_k": 3}, ret=None)]
+    batch = make_batch(run="r", rank=0, world=1, step=0, seq=0, events=events)
+    everything = WindowState("r", 0)
+    everything.add_batch(batch, FactPlan.everything())
+    assert everything.ranks[0]["calls"][0]["args"] == {"0": "prompt", "max_new_tokens": 6, "top_k": 3}
+    planned = WindowState("r", 0)
+    planned.add_batch(batch, FactPlan(apis={"torch.nn.Module.forward"}, args={"torch.nn.Module.forward": {"max_new_tokens"}}))
+    restored = WindowState.from_bytes(planned.to_bytes())
+    assert restored.ranks[0]["calls"][0]["args"] == {"max_new_tokens": 6}
