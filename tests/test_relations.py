@@ -368,3 +368,29 @@ def test_tie_baseline_survives_run_state_serialisation():
         state = RunState.from_bytes(state.to_bytes())
     assert state.ties == [["module.head.weight", "module.embed.weight"]]
     assert [v.step for v in found] == [2, 3]
+
+
+def test_variables_marked_as_shards_by_their_framework_are_not_replicas():
+    inv = find("Consistent", scope="ranks", at="post:torch.optim.Optimizer.step", attr="data_digest")
+
+    def shard(batches, from_step, marks):
+        """module.fc2.bias: identical at first (zero-initialised), rank-local from ``from_step``."""
+        for batch in batches:
+            for event in batch["events"]:
+                if event["kind"] == "state" and event["name"] == "module.fc2.bias":
+                    if marks is not None:
+                        event["attrs"]["parallel"] = marks
+                    if batch["step"] >= from_step:
+                        event["attrs"]["data_digest"] += f"-r{batch['rank']}"
+        return batches
+
+    marked = shard(list(SyntheticRun(run="tp", world=2, steps=5).batches()), 2, {"tensor_model_parallel": True})
+    assert check([inv], marked) == []
+    expert = shard(list(SyntheticRun(run="moe", world=2, steps=5).batches()), 2, {"allreduce": False})
+    assert check([inv], expert) == []
+    # unmarked, the same divergence is a replica drifting apart
+    unmarked = shard(list(SyntheticRun(run="dp", world=2, steps=5).batches()), 2, None)
+    assert [v.step for v in check([inv], unmarked)] == [2, 3, 4]
+    # a mark that says "replicated" (sequence-parallel LayerNorm) does not exempt it
+    replicated = shard(list(SyntheticRun(run="sp", world=2, steps=5).batches()), 2, {"sequence_parallel": True})
+    assert [v.step for v in check([inv], replicated)] == [2, 3, 4]

@@ -6,6 +6,10 @@ Two forms, both evaluated inside one step window (no liveness-overlap guessing):
     ``{"scope": "ranks", "at": "post:torch.optim.Optimizer.step", "attr": "data_digest"}``
     — "after the optimizer step every rank holds bit-identical weights".  Broken by a
     module called outside its DDP wrapper, a skipped all-reduce, rank-local RNG.
+    Variables their framework marks as shards or experts (``parallel`` attributes
+    ``tensor_model_parallel = True``, ``allreduce = False``, ``expert``/``moe``) are
+    never compared; unmarked ones that differ from step 0 on are found by
+    `replication_baseline`.
 ``scope = "variables"``  two different variables on one rank, e.g. tied embeddings
     ``{"scope": "variables", "at": "step_end", "attr": "data_digest",
     "a": "module.lm_head.weight", "b": "module.tok_emb.weight"}``.
@@ -93,6 +97,17 @@ def replication_baseline(window: Any) -> dict[str, list[str]]:
     return result
 
 
+def _framework_sharded(attrs: Mapping[str, Any]) -> bool:
+    """A variable its framework marks as a shard or expert (Megatron/DeepSpeed attributes
+    captured by the producer as ``parallel``) is not a replica, even when it starts
+    identical on every rank (a zero-initialised column-parallel bias)."""
+    marks = attrs.get("parallel")
+    if not isinstance(marks, dict):
+        return False
+    return (marks.get("tensor_model_parallel") is True or marks.get("allreduce") is False
+            or bool(marks.get("expert")) or bool(marks.get("moe")))
+
+
 def tie_baseline(window: Any) -> list[list[str]]:
     """``[alias, primary]`` pairs of every tie snapshotted in a run's step-0 window."""
     pairs: set[tuple[str, str]] = set()
@@ -146,6 +161,8 @@ class Consistent(Template):
         for name in names:
             holders = [r for r in present if name in snapshots[r]]
             if len(holders) < 2:
+                continue
+            if any(_framework_sharded(snapshots[r][name]) for r in holders):
                 continue
             records = lazy(lambda name=name, holders=holders: [view.state_record(snapshots[r][name], r) for r in holders])
             for attr in wanted:
@@ -268,7 +285,7 @@ class Consistent(Template):
         norm = "grad_norm" if params["attr"] == "grad_digest" else "data_norm"
         if params["scope"] == "aliases":
             return FactPlan(apis=set(), state_points={params["at"]}, state_attrs={params["attr"], "alias_of"})
-        return FactPlan(apis=set(), state_points={params["at"]}, state_attrs={params["attr"], "numel", norm})
+        return FactPlan(apis=set(), state_points={params["at"]}, state_attrs={params["attr"], "numel", norm, "parallel"})
 
     def apis(self, params: Mapping[str, Any]) -> list[str]:
         at = str(params.get("at", ""))
