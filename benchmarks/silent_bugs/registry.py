@@ -124,7 +124,6 @@ BUGS: tuple[BugCase, ...] = (
     BugCase(
         "moe_inconsistent_collective_args", "ranks pass different reduce ops to the MoE router all-reduce",
         "DeepSpeed-5794", ("all_reduce", "router"), "APIArg (consistent across ranks)", launch=TORCHRUN_2,
-        gap='GAPS producer 1: ReduceOp is summarised without its value, so SUM and MAX look alike',
     ),
     BugCase(
         "eval_mode_left_on", "model left in eval mode after validation",
