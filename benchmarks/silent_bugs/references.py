@@ -41,6 +41,7 @@ REFERENCES: tuple[Reference, ...] = (
     Reference("grad_accumulation", "examples/grad_accumulation.py"),
     Reference("finetune_frozen_backbone", "examples/finetune_frozen_backbone.py"),
     Reference("dataloader_augment", "examples/dataloader_augment.py"),
+    Reference("speech_augment_owned_rng", "examples/speech_augment_owned_rng.py"),
     Reference("resnet_cosine", "examples/resnet_cosine.py", extra=("--epoch-steps", "3")),
     Reference("ddp_torchrun", "examples/ddp_torchrun.py", TORCHRUN_2),
     Reference("manual_allreduce_dp", "examples/manual_allreduce_dp.py", TORCHRUN_2),
