@@ -82,3 +82,21 @@ def test_corruption_in_the_middle_names_offset():
 def test_bad_magic():
     with pytest.raises(TraceCorruption):
         list(iter_frames(io.BytesIO(b"NOTATRACEFILE")))
+
+
+from hypothesis import given, strategies as st
+
+from invariants.events import _event_is_valid, validate_event
+
+_scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.text(max_size=3), st.floats(allow_nan=False))
+_fields = st.sampled_from(["kind", "t", "pid", "tid", "stage", "name", "phase", "cid", "attrs", "what"])
+_kinds = st.sampled_from(["call", "state", "step", "meta", "other"])
+
+
+@given(
+    st.dictionaries(_fields, st.one_of(_scalars, _kinds, st.sampled_from(["pre", "post", "exc", "begin", "end"]),
+                                       st.just({}))),
+)
+def test_fast_validity_check_never_accepts_what_the_full_check_rejects(event):
+    if _event_is_valid(event):
+        validate_event(event)  # must not raise
