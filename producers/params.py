@@ -173,6 +173,14 @@ def _norms(tensors: Sequence[torch.Tensor | None]) -> list[float | None]:
     return results
 
 
+def _version_of(tensor: torch.Tensor) -> int | None:
+    """The autograd version counter; None where there is none (inference-mode tensors)."""
+    try:
+        return tensor._version
+    except RuntimeError:
+        return None
+
+
 class SnapshotMemo:
     """What one snapshot can reuse from the previous ones of the same parameters.
 
@@ -212,13 +220,16 @@ class SnapshotMemo:
 
     def lookup(self, param: torch.Tensor, grad: torch.Tensor) -> tuple[str | None, float | None] | None:
         entry = self._entries.get(id(param))
-        if entry is None or entry[0]() is not grad or entry[1] != grad._version:
+        if entry is None or entry[0]() is not grad or entry[1] != _version_of(grad):
             return None
         return entry[2], entry[3]
 
     def store(self, param: torch.Tensor, grad: torch.Tensor, digest: str | None, norm: float | None) -> None:
+        version = _version_of(grad)
+        if version is None:
+            return
         try:
-            self._entries[id(param)] = (weakref.ref(grad), grad._version, digest, norm)
+            self._entries[id(param)] = (weakref.ref(grad), version, digest, norm)
         except TypeError:  # a tensor type without weak references: just do not cache it
             pass
 
