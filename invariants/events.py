@@ -154,7 +154,8 @@ def _event_is_valid(event: Any) -> bool:
     of every consumer: it runs once per event of every batch)."""
     if type(event) is not dict:
         return False
-    spec = _FAST_EVENT_SPEC.get(event.get("kind"))  # type: ignore[arg-type]
+    kind = event.get("kind")
+    spec = _FAST_EVENT_SPEC.get(kind) if type(kind) is str else None
     if spec is None:
         return False
     for field, expected in spec:
