@@ -51,11 +51,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--epoch-batches", type=int, default=3, help="batches per epoch (workers restart each epoch)")
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
     loader = DataLoader(
-        ToneDataset(16 * max(args.steps, 1), args.seed), batch_size=16, shuffle=True,
+        ToneDataset(16 * args.epoch_batches, args.seed), batch_size=16, shuffle=True,
         num_workers=args.workers, worker_init_fn=reseed_worker_rngs,
         generator=torch.Generator().manual_seed(args.seed),
     )
@@ -65,15 +66,18 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
 
     model.train()
-    for step, (signals, labels) in enumerate(loader):
-        if step >= args.steps:
-            break
-        optimizer.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(signals), labels)
-        loss.backward()
-        optimizer.step()
-        if step % 5 == 0:
-            print(f"step {step} loss {loss.item():.4f}", flush=True)
+    step = 0
+    while step < args.steps:
+        for signals, labels in loader:  # a new epoch starts fresh worker processes
+            optimizer.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(signals), labels)
+            loss.backward()
+            optimizer.step()
+            if step % 5 == 0:
+                print(f"step {step} loss {loss.item():.4f}", flush=True)
+            step += 1
+            if step >= args.steps:
+                break
 
 
 if __name__ == "__main__":
