@@ -43,6 +43,8 @@ from invariants.step_summary import StepSummary, StepSummaryBuilder
 from invariants.trends import TrendMonitor, TrendRules
 
 from .config import CheckerConfig
+from .end_offsets import FetchHighwaterProbe, HighwaterTransport
+from .stall_guard import StallGuard
 from .engine_port import EnginePort
 from .metrics import CheckerMetrics
 from .report import encode_violation, violation_line
@@ -57,6 +59,8 @@ YIELD_EVERY_MESSAGES = 64
 DELIVERY_WAIT_S = 5.0
 #: Every this many ticks the timer re-reads the whole table and looks for evictions.
 RESCAN_EVERY_TICKS = 20
+#: Every this many ticks input partitions are checked for a stalled fetch (`StallGuard`).
+STALL_CHECK_EVERY_TICKS = 8
 #: Changelog writes of per-run bookkeeping are thinned out; see `_close` and the trend agent.
 RUN_STATE_WRITE_EVERY = 16
 TREND_WRITE_EVERY = 8
@@ -76,7 +80,7 @@ def build_faust_app(config: CheckerConfig) -> faust.App:
     elif security.protocol == "SSL":
         credentials = faust.SSLCredentials(security.ssl_context())
     session = config.session_timeout_seconds
-    return faust.App(
+    app = faust.App(
         config.app_id,
         broker=[f"kafka://{server}" for server in config.bootstrap_servers],
         broker_credentials=credentials,
@@ -99,6 +103,12 @@ def build_faust_app(config: CheckerConfig) -> faust.App:
         # part of a multi-record batch when a changelog is replayed (DESIGN §7).
         producer_max_batch_size=1 if config.single_record_batches else 16384,
     )
+    # Table recovery must read each changelog to its true end; see `end_offsets`.
+    app.transport = HighwaterTransport(
+        app.conf.broker_consumer, app,
+        highwater_probe=FetchHighwaterProbe(config.bootstrap_servers, config.security.kafka_python_kwargs()),
+    )
+    return app
 
 
 @dataclass
@@ -164,6 +174,8 @@ class StreamChecker:
         self._open: dict[bytes, tuple[float, int]] = {}
         self._closed: dict[bytes, tuple[float, int]] = {}
         self._ticks = 0
+        self._stall_guard = StallGuard(self.app, (names.events, names.window_ticks),
+                                       getattr(self.app.transport, "highwater_probe", None))
         self.app.agent(self.input_topic, name=f"{config.app_id}.check-windows")(self._check_windows)
         self.app.agent(self.summaries_topic, name=f"{config.app_id}.trend-monitors")(self._monitor_trends)
         self.app.timer(config.tick_interval_seconds)(self._tick)
@@ -178,6 +190,7 @@ class StreamChecker:
                 # timer (and the lag gauges) would starve under sustained load.
                 await asyncio.sleep(0)
             message = event.message
+            self._stall_guard.handled(message.tp, message.offset)
             try:
                 if message.topic == self.names.window_ticks:
                     await self._on_tick(message)
@@ -474,6 +487,8 @@ class StreamChecker:
                     await self._request(key, partition, b"evict", now)
         self.metrics.open_windows.set(len(self._open))
         self._update_consumer_lag()
+        if self._ticks % STALL_CHECK_EVERY_TICKS == 0:
+            await self._stall_guard.check()
 
     def _rescan(self) -> None:
         """Rebuild the timer's index from the table (restored or revoked partitions)."""
