@@ -230,3 +230,27 @@ def test_kill_9_and_restart_loses_and_repeats_nothing(kafka_broker, checker, pin
 
 def test_second_worker_takes_over_after_kill_9(kafka_broker, checker, pinned_invariants):
     _kill_and_recover(kafka_broker, checker, pinned_invariants, takeover=True)
+
+
+def test_recovery_end_offsets_come_from_the_fetch_high_watermark(kafka_broker):
+    """Table recovery is bounded by `FetchHighwaterProbe`, so it must name each partition's
+    true end — the offset after its last record — whatever ListOffsets(latest) says."""
+    from faust.types import TP
+    from kafka import KafkaProducer
+
+    from stream_checkers.end_offsets import FetchHighwaterProbe
+
+    topic = "trainwatch.test-end-offsets"
+    producer = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap, linger_ms=50)
+    try:
+        for i in range(7):  # lingering: one multi-record batch, the case tansu answers short
+            producer.send(topic, value=b"r%d" % i, partition=0)
+        producer.send(topic, value=b"single", partition=1)
+        producer.flush(timeout=30)
+    finally:
+        producer.close(timeout=10)
+    probe = FetchHighwaterProbe([kafka_broker.bootstrap])
+    partitions = [TP(topic, 0), TP(topic, 1), TP(topic, 2)]
+    assert probe.end_offsets(partitions) == {TP(topic, 0): 7, TP(topic, 1): 1, TP(topic, 2): 0}
+    # a hint past the end (or short of it) only chooses where the probe starts reading
+    assert probe.end_offsets(partitions, {TP(topic, 0): 50, TP(topic, 1): 1})[TP(topic, 0)] == 7
