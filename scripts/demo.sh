@@ -11,6 +11,7 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck disable=SC1091
 . "$ROOT/scripts/bootstrap-env.sh" || exit 2
+set +e  # bootstrap-env.sh turns on errexit; watch's exit code is interpreted below
 cd "$ROOT"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 trainwatch watch -- python -m torch.distributed.run --standalone --nproc-per-node 2 \
