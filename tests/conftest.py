@@ -7,6 +7,15 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# CI machines have 2 shared cores: generation speed and per-example time say nothing
+# about correctness there, so property tests neither time out nor fail a health check
+# for being slow.
+settings.register_profile(
+    "trainwatch", deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
+settings.load_profile("trainwatch")
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
