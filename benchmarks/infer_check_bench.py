@@ -27,13 +27,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from invariants.codec import TRACE_MAGIC, encode_batch, encode_frame  # noqa: E402
 from invariants.engine import Engine, StepWindows  # noqa: E402
 from invariants.inference import Inferencer  # noqa: E402
 from invariants.invariant_file import load_default_set  # noqa: E402
 from invariants.invariant_set import InvariantSet  # noqa: E402
 from invariants.synthetic import SyntheticRun  # noqa: E402
-from trainwatch.tracedir import read_trace_dir  # noqa: E402
+from trainwatch.tracedir import read_trace_dir, write_trace_dir  # noqa: E402
 
 WORLD = 2
 
@@ -45,19 +44,15 @@ def events_per_step() -> int:
 
 def write_trace(directory: Path, events: int, seed: int) -> int:
     steps = max(2, events // events_per_step())
-    directory.mkdir(parents=True, exist_ok=True)
-    files = {r: (directory / f"rank{r}.twtrace").open("wb") for r in range(WORLD)}
-    total = 0
-    try:
-        for stream in files.values():
-            stream.write(TRACE_MAGIC)
-        for batch in SyntheticRun(run=f"bench-{seed}", world=WORLD, steps=steps, seed=seed).batches():
-            files[batch["rank"]].write(encode_frame(encode_batch(batch)))
-            total += len(batch["events"])
-    finally:
-        for stream in files.values():
-            stream.close()
-    return total
+    counted = [0]
+
+    def counting(batches):  # streamed: a 1M-event run is never held in memory
+        for batch in batches:
+            counted[0] += len(batch["events"])
+            yield batch
+
+    write_trace_dir(directory, counting(SyntheticRun(run=f"bench-{seed}", world=WORLD, steps=steps, seed=seed).batches()))
+    return counted[0]
 
 
 def cpu(fn) -> tuple[float, object]:

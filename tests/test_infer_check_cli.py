@@ -9,27 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from invariants.codec import TRACE_MAGIC, encode_batch, encode_frame
 from invariants.invariant_file import dumps
 from invariants.model import Invariant
 from invariants.synthetic import Fault, SyntheticRun
 from trainwatch.cli import main
+from trainwatch.tracedir import write_trace_dir
 
 
 def write_trace(directory: Path, run: SyntheticRun) -> Path:
     """One file per rank, as `trainwatch collect` writes them."""
-    directory.mkdir(parents=True, exist_ok=True)
-    files = {}
-    try:
-        for batch in run.batches():
-            stream = files.get(batch["rank"])
-            if stream is None:
-                stream = files[batch["rank"]] = (directory / f"rank{batch['rank']}.twtrace").open("wb")
-                stream.write(TRACE_MAGIC)
-            stream.write(encode_frame(encode_batch(batch)))
-    finally:
-        for stream in files.values():
-            stream.close()
+    write_trace_dir(directory, run.batches())
     return directory
 
 
@@ -178,9 +167,8 @@ def test_worker_process_files_join_their_rank_step_window(tmp_path, capsys):
         event = {"kind": "call", "t": 1, "pid": 5000 + worker, "tid": 1, "stage": "train", "phase": "post", "cid": 1,
                  "name": "torch.utils.data._utils.worker._worker_loop", "api": "torch.utils.data.worker_init",
                  "parent": None, "args": {"worker_id": worker, "torch_seed": 7, "numpy_state_digest": "same"}}
-        with (trace / f"zz-worker{worker}.twtrace").open("wb") as stream:
-            stream.write(TRACE_MAGIC)
-            stream.write(encode_frame(encode_batch(make_batch(run="w", rank=0, world=1, step=0, seq=0, events=[event]))))
+        write_trace_dir(trace, [make_batch(run="w", rank=0, world=1, step=0, seq=0, events=[event])],
+                        prefix=f"zz-worker{worker}-")
     rules = tmp_path / "workers.json"
     rules.write_text(dumps([Invariant("APIArg", {"form": "distinct", "api": "torch.utils.data.worker_init",
                                                  "arg": "numpy_state_digest"})]))

@@ -15,9 +15,19 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import BinaryIO, Iterable, Iterator
 
-from invariants.codec import TRACE_MAGIC, TRACE_SUFFIX, FRAME_HEADER, FrameScan, TraceCorruption, decode_batch, iter_frames
+from invariants.codec import (
+    TRACE_MAGIC,
+    TRACE_SUFFIX,
+    FRAME_HEADER,
+    FrameScan,
+    TraceCorruption,
+    decode_batch,
+    encode_batch,
+    encode_frame,
+    iter_frames,
+)
 from invariants.events import Batch, SchemaError
 
 
@@ -79,3 +89,29 @@ def read_trace_dir(trace_dir: str | Path, report: TraceReadReport | None = None)
     ]
     for _, _, _, batch in heapq.merge(*streams, key=lambda item: item[:3]):
         yield batch
+
+
+def write_trace_dir(directory: str | Path, batches: Iterable[Batch], *, prefix: str = "") -> dict[int, Path]:
+    """Write batches as one trace file per rank, the layout `trainwatch collect` produces.
+
+    For synthetic runs (tests, benchmarks, the default-set curation's healthy
+    validation runs): they must be read back through exactly the path real traces take.
+    Returns the file of each rank.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    streams: dict[int, BinaryIO] = {}
+    paths: dict[int, Path] = {}
+    try:
+        for batch in batches:
+            rank = batch["rank"]
+            stream = streams.get(rank)
+            if stream is None:
+                paths[rank] = directory / f"{prefix}rank{rank}{TRACE_SUFFIX}"
+                stream = streams[rank] = paths[rank].open("wb")
+                stream.write(TRACE_MAGIC)
+            stream.write(encode_frame(encode_batch(batch)))
+    finally:
+        for stream in streams.values():
+            stream.close()
+    return paths

@@ -105,25 +105,14 @@ SYNTHETIC_HEALTHY = (
 
 def write_synthetic_healthy(work: Path) -> dict[str, CollectResult]:
     """The core's synthetic healthy runs, as trace dirs `trainwatch check` can read."""
-    from invariants.codec import TRACE_MAGIC, encode_batch, encode_frame
     from invariants.synthetic import SyntheticRun
+    from trainwatch.tracedir import write_trace_dir
 
     results = {}
     for index, config in enumerate(SYNTHETIC_HEALTHY):
         name = f"synthetic-{index}"
         trace_dir = work / "references" / "synthetic" / name
-        trace_dir.mkdir(parents=True, exist_ok=True)
-        streams = {}
-        try:
-            for batch in SyntheticRun(run=name, **config).batches():
-                stream = streams.get(batch["rank"])
-                if stream is None:
-                    stream = streams[batch["rank"]] = (trace_dir / f"{name}-rank{batch['rank']}.twtrace").open("wb")
-                    stream.write(TRACE_MAGIC)
-                stream.write(encode_frame(encode_batch(batch)))
-        finally:
-            for stream in streams.values():
-                stream.close()
+        write_trace_dir(trace_dir, SyntheticRun(run=name, **config).batches(), prefix=f"{name}-")
         results[name] = CollectResult(trace_dir, 0, 0.0, "synthetic")
     return results
 
