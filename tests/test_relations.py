@@ -341,6 +341,52 @@ def test_budget_words_of_no_generation_stay_scoped_to_their_module_type():
     assert params and all(p.get("mtype") == "GreedySampler" for p in params)
 
 
+def _forward_batch(step: int, modules: list[tuple[str, list[int], list[int]]], *, stage: str = "train") -> dict:
+    """Module forwards of one step: (module type, input shape, output shape)."""
+    events = []
+    for index, (mtype, shape_in, shape_out) in enumerate(modules):
+        cid = step * 100 + index + 1
+        base = {"kind": "call", "pid": 1, "tid": 1, "stage": stage, "name": f"{mtype}.forward",
+                "api": "torch.nn.Module.forward", "cid": cid, "parent": None, "module": f"m{index}",
+                "mtype": mtype, "training": stage == "train", "ctx": {"grad": stage == "train"}}
+        events.append(dict(base, t=cid * 2, phase="pre", args={"0": {"T": "tensor", "shape": shape_in, "dtype": "float32"}}))
+        events.append(dict(base, t=cid * 2 + 1, phase="post", ret={"T": "tensor", "shape": shape_out, "dtype": "float32"}))
+    events.append({"kind": "step", "t": step * 1000 + 999, "pid": 1, "tid": 1, "stage": stage, "phase": "end"})
+    return make_batch(run="fw", rank=0, world=1, step=step, seq=step, events=events)
+
+
+BATCH_KEEPING = {"form": "same_as_input", "api": "torch.nn.Module.forward", "arg": "0", "prop": "batch"}
+
+
+def test_modules_that_keep_their_input_rank_keep_the_batch_whatever_their_type():
+    healthy = [
+        ("Conv2d", [16, 1, 8, 8], [16, 8, 8, 8]),
+        ("Encoder", [16, 8, 8, 8], [16, 8, 4, 4]),
+        ("Flatten", [16, 8, 4, 4], [16, 128]),  # a change of rank: not judged
+        ("LMHead", [4, 7, 32], [28, 32]),  # (B, T, V) -> (B*T, V) logits: not judged
+        ("PositionalTable", [7], [5]),  # rank 1: not a batch axis
+    ]
+    inferencer = Inferencer(["APIOutput"])
+    inferencer.add_trace([_forward_batch(s, healthy, stage="train" if s < 3 else "eval") for s in range(4)])
+    rules = [i for i in inferencer.finish() if i.params == BATCH_KEEPING]
+    assert len(rules) == 1 and rules[0].precondition is None
+    assert "keeps its batch size" in rules[0].description
+    # another pipeline: its own preprocessing class collapses the batch to one sample at step 2
+    other = [_forward_batch(s, [("Preprocessor", [16, 1, 8, 8], [1 if s == 2 else 16, 1, 10, 10]),
+                                ("LMHead", [2, 9, 50], [18, 50]), ("PositionalTable", [9], [3])])
+             for s in range(4)]
+    violations = check(rules, other)
+    assert [(v.step, v.evidence["first"]["mtype"], v.evidence["first"]["input"], v.evidence["first"]["output"])
+            for v in violations] == [(2, "Preprocessor", 16, 1)]
+
+
+def test_batch_keeping_rule_is_not_learned_when_a_reference_module_regroups_samples():
+    regrouping = [("PatchesAsBatch", [4, 3, 8, 8], [64, 3, 2, 2]), ("Conv2d", [4, 3, 8, 8], [4, 8, 8, 8])]
+    inferencer = Inferencer(["APIOutput"])
+    inferencer.add_trace([_forward_batch(s, regrouping) for s in range(4)])
+    assert not [i for i in inferencer.finish() if i.params == BATCH_KEEPING]
+
+
 def test_ties_reported_at_step_zero_keep_holding_whatever_the_names():
     inv = find("Consistent", scope="aliases", at="step_end", attr="data_digest")
     assert inv.precondition is None

@@ -114,7 +114,7 @@ BUGS: tuple[BugCase, ...] = (
     BugCase(
         "preprocess_batch_size", "preprocessing collapses the batch to one sample",
         "Transformers-34204", ("Preprocessor", "batch size"), "APIOutput (shape equals input)",
-        gap="a user-defined Preprocessor class: caught by invariants inferred from the pipeline's healthy run, cannot be a shipped rule",
+        notes="caught by the type-free rule: a module whose output keeps its input's rank keeps its batch size",
     ),
     BugCase(
         "step_ignored_after_set_to_none", "optimizer step silently does nothing after grads were set to None",

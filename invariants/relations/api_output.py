@@ -11,8 +11,14 @@
     "out": "len"}`` — a numeric output never exceeds the argument that limits it.
 
 Calls of ``torch.nn.Module.forward`` are keyed by module type (``mtype``): a rule about
-a ``Preprocessor`` says nothing about a ``Conv2d``.  One exception transfers across
-pipelines: a module forward given a *generation budget* keyword
+a ``Preprocessor`` says nothing about a ``Conv2d``.  Two exceptions transfer across
+pipelines.  A module forward whose tensor output has the same rank (at least 2) as its
+tensor input ``"0"`` is also a site of the type-free rule ``{"form": "same_as_input",
+"api": "torch.nn.Module.forward", "arg": "0", "prop": "batch"}`` — "a module that keeps
+the layout of its input keeps its samples": layers, blocks, preprocessing and
+normalisation modules never add or drop samples of a batch, whatever the user called
+them, while modules that flatten, embed or pool change the rank and are not judged.
+And a module forward given a *generation budget* keyword
 (``max_new_tokens``, ``max_length``...) and returning integer token ids is also a site
 of the type-free rule ``{"form": "bounded", "api": "torch.nn.Module.forward", "arg":
 "max_new_tokens", "out": "last_dim"}`` — "generated sequences never exceed the budget
@@ -47,6 +53,46 @@ def _prop(summary: dict[str, Any], prop: str) -> Any:
         return shape[0] if isinstance(shape, list) and shape and isinstance(shape[0], int) else None
     value = summary.get(prop)
     return value if value is None or is_scalar(value) else freeze(value)
+
+
+def _tensor_rank(summary: Any) -> int | None:
+    if not isinstance(summary, dict) or summary.get("T") != "tensor":
+        return None
+    shape = summary.get("shape")
+    return len(shape) if isinstance(shape, list) else None
+
+
+#: the type-free batch rule: any module forward, input "0" and output of this rank or more
+BATCH_KEEPING = ("same_as_input", MODULE_FORWARD, "", "0", "batch")
+BATCH_KEEPING_MIN_RANK = 2
+
+
+def _batch_keeping_site(view: WindowView, call: dict[str, Any], rank: int, stage: str, arg: Any, ret: Any,
+                        families: Any) -> Site | None:
+    """The type-free "keeps its samples" site of one module forward, if it is one.
+
+    Only same-rank calls count: a change of rank is a change of layout (flatten,
+    embedding, pooling, ``(B, T, V) -> (B*T, V)`` logits), after which the leading
+    dimension need not be the batch any more.  Rank-1 tensors are not judged either:
+    their one dimension is as often a feature or token axis as a batch.
+    """
+    if families is not None and BATCH_KEEPING not in families:
+        return None
+    in_rank, out_rank = _tensor_rank(arg), _tensor_rank(ret)
+    if in_rank is None or in_rank != out_rank or in_rank < BATCH_KEEPING_MIN_RANK:
+        return None
+    before, after = _prop(arg, "batch"), _prop(ret, "batch")
+    if before is None or after is None:
+        return None
+    holds = before == after
+    if holds and families is not None:
+        return None
+    # Dropping samples is wrong in every stage, precision and grad mode: the site keeps no
+    # context that references happened to share, which would only blind the rule elsewhere.
+    records = lazy(lambda: [{"rank": rank, "step_is_first": view.step == 0}])
+    evidence = {} if holds else {"call": call["key"], "module": call.get("module"), "mtype": call.get("mtype"),
+                                 "input": before, "output": after}
+    return Site(BATCH_KEEPING, holds, records, [rank], stage, evidence)
 
 
 def _numeric_outputs(ret: Any) -> dict[str, float]:
@@ -94,6 +140,10 @@ class APIOutput(Template):
                         yield Site(family, frozenset([value]), record, [rank], stage,
                                    {"call": call["key"], "module": call.get("module"), "observed": value})
                 args = call.get("args") or {}
+                if isinstance(ret, dict) and api == MODULE_FORWARD and mtype:
+                    site = _batch_keeping_site(view, call, rank, stage, args.get("0"), ret, families)
+                    if site is not None:
+                        yield site
                 if isinstance(ret, dict):
                     for arg_name, arg in args.items():
                         if not isinstance(arg, dict):
@@ -174,6 +224,9 @@ class APIOutput(Template):
             return f"the output {params['prop']} of {api} is {params['value']!r}"
         if form == "same_as_input":
             what = "batch size (leading dimension)" if params["prop"] == "batch" else params["prop"]
+            if params["api"] == MODULE_FORWARD and not params.get("mtype"):
+                return (f"a module whose output has the rank of its argument {params['arg']!r} keeps its "
+                        f"{what}: no module drops or adds samples")
             return f"the output {what} of {api} equals the {what} of its argument {params['arg']!r}"
         return f"the output {params['out']} of {api} never exceeds its argument {params['arg']!r}"
 
@@ -181,6 +234,9 @@ class APIOutput(Template):
         if params["form"] == "constant":
             return "the call produced a different output type than in healthy runs: autocast/precision settings were lost or changed"
         if params["form"] == "same_as_input":
+            if params["api"] == MODULE_FORWARD and not params.get("mtype"):
+                return ("a module returned fewer or more samples than it was given: a preprocessing or "
+                        "collation branch that collapses, truncates or repeats the batch")
             return "the output no longer matches its input: a reshaping or broadcasting bug, or a wrong batch size"
         return "the limit argument was ignored on this code path"
 
