@@ -1,10 +1,13 @@
 """Streaming checker throughput and detection latency, measured on real processes.
 
-* **Throughput**: a run of synthetic 2-rank DDP-like steps (backward, optimizer step
-  with pre/post snapshots of ``--params`` parameters, step markers) is produced to a
-  fresh embedded broker *before* the checker starts, then one worker — and in a
-  second round two workers of one consumer group — check it with the shipped default
-  invariant set.  The rate is read from the workers' own
+* **Throughput**: a healthy run of synthetic 2-rank data-parallel steps
+  (`invariants.synthetic.SyntheticRun`: zero_grad, a forward with module and functional
+  children, backward with all-reduces, optimizer step with parameter snapshots before
+  and after, step-end snapshots, periodic eval passes and DataLoader worker starts; one
+  batch per rank and step, as the producer ships them) is produced to a fresh embedded
+  broker *before* the checker starts, then one worker — and in a second round two
+  workers of one consumer group — check it with the shipped default invariant set.
+  ``--layers`` adds linear layers, to size the steps like a bigger model's.  The rate is read from the workers' own
   ``trainwatch_events_consumed_total`` between 10 % and 90 % of the run, so start-up
   and group join are excluded.
 * **Latency**: with a worker caught up, a step whose replicas diverge is produced and
@@ -14,8 +17,8 @@
 
 Usage::
 
-    python benchmarks/stream_throughput.py [--steps 2000] [--params 16] [--latency-samples 10]
-                                           [--multi-record-batches]
+    python benchmarks/stream_throughput.py [--events 600000] [--layers 0 40] [--latency-samples 10]
+                                           [--multi-record-batches] [--json FILE]
 """
 
 from __future__ import annotations
@@ -33,34 +36,24 @@ sys.path.insert(0, str(ROOT))
 
 from invariants.codec import encode_batch  # noqa: E402
 from invariants.events import batch_key  # noqa: E402
+from invariants.synthetic import SyntheticRun  # noqa: E402
 from stream_checkers.embedded_broker import EmbeddedBroker  # noqa: E402
 from stream_checkers.testing import CheckerProcess, metric, synthetic_step_batch  # noqa: E402
 
 TOPIC = "trainwatch.events"
 
 
-def _param_states(step: int, params: int, t: int) -> list[dict]:
-    """Extra pre/post optimizer-step snapshots so a batch looks like a small model's."""
-    attrs = {"shape": [64, 64], "dtype": "float32", "device": "cpu", "requires_grad": True, "is_leaf": True,
-             "grad_digest": "x3:g", "grad_norm": 0.3, "numel": 4096, "module": "layers", "mtype": "Linear"}
-    events = []
-    for i in range(params):
-        for at, digest in (("pre:torch.optim.Optimizer.step", f"x3:{i}:{step - 1}"),
-                           ("post:torch.optim.Optimizer.step", f"x3:{i}:{step}")):
-            events.append({"kind": "state", "t": t, "pid": 1000, "tid": 1, "stage": "train",
-                           "name": f"layers.{i}.weight", "vtype": "torch.nn.Parameter", "at": at, "cid": 2,
-                           "attrs": {**attrs, "data_digest": digest, "data_norm": 10.0 + step * 1e-3}})
-    return events
+def make_run(run: str, steps: int, layers: int) -> tuple[list[tuple[bytes, bytes]], int]:
+    """A healthy run (zero violations with the shipped set), one batch per rank and step.
 
-
-def make_run(run: str, steps: int, params: int) -> tuple[list[tuple[bytes, bytes]], int]:
+    That is what the producer ships: a step's events go out together when the step
+    ends.  ``layers`` extra linear layers make the steps as large as a bigger model's
+    (each adds a module forward and five parameter snapshots per step).
+    """
     records, events = [], 0
-    t = time.time_ns()
-    for step in range(steps):
-        for rank in (0, 1):
-            batch = synthetic_step_batch(run, rank, 2, step, extra=_param_states(step, params, t))
-            events += len(batch["events"])
-            records.append((batch_key(run, step), encode_batch(batch)))
+    for batch in SyntheticRun(run=run, steps=steps, extra_layers=layers, split_steps=False).batches():
+        events += len(batch["events"])
+        records.append((batch_key(run, batch["step"]), encode_batch(batch)))
     return records, events
 
 
@@ -75,9 +68,9 @@ def produce(bootstrap: str, records: list[tuple[bytes, bytes]]) -> None:
     producer.close()
 
 
-def throughput(workers: int, steps: int, params: int, workdir: Path, extra: list[str]) -> dict:
-    run = f"bench-{workers}w"
-    records, total_events = make_run(run, steps, params)
+def throughput(workers: int, steps: int, layers: int, workdir: Path, extra: list[str]) -> dict:
+    run = f"bench-{workers}w-{layers}"
+    records, total_events = make_run(run, steps, layers)
     with EmbeddedBroker(log_path=workdir / f"broker-{workers}.log") as broker:
         # the first worker creates the topics with the checker's partition count
         procs = [CheckerProcess(broker.bootstrap, workdir / f"w{workers}-{i}.log",
@@ -117,27 +110,31 @@ def throughput(workers: int, steps: int, params: int, workdir: Path, extra: list
             hi = next(s for s in samples if s[1] >= 0.9 * total_events)
             rate = (hi[1] - lo[1]) / max(hi[0] - lo[0], 1e-9)
             checked = sum(metric(p.metrics(), "trainwatch_steps_checked_total", run=run) for p in procs)
+            violations = sum(metric(p.metrics(), "trainwatch_violations_total", run=run) for p in procs)
             split = [metric(p.metrics(), "trainwatch_events_consumed_total", run=run) for p in procs]
         finally:
             for proc in procs:
                 proc.stop()
     return {"workers": workers, "events": total_events, "batches": len(records),
             "events_per_batch": round(total_events / len(records), 1), "events_per_s": round(rate),
-            "steps_checked_at_end": checked, "events_per_worker": split}
+            "steps_checked_at_end": checked, "violations": violations, "events_per_worker": split}
 
 
-def cpu_ceiling(steps: int, params: int) -> dict:
-    """The agent's per-batch work without Kafka or Faust, split by stage (one process)."""
+def cpu_ceiling(steps: int, layers: int) -> dict:
+    """The agent's per-batch work without Kafka or Faust, split by stage (one process,
+    CPU time of this thread, so other jobs on the machine do not count)."""
     from invariants.codec import decode_batch
     from invariants.step_summary import StepSummaryBuilder
     from stream_checkers.engine_port import EnginePort
     from stream_checkers.window_record import WindowRecord
 
-    records, total_events = make_run("cpu", steps, params)
+    records, total_events = make_run("cpu", steps, layers)
     engine = EnginePort.load(None)
+    run_state = engine.new_run_state("cpu")
     timings = dict.fromkeys(("decode", "engine_add", "summary", "record_store", "evaluate"), 0.0)
     windows: dict[int, tuple] = {}
-    clock = time.perf_counter
+    clock = time.thread_time
+    violations = 0
     for _, value in records:
         t0 = clock()
         batch = decode_batch(value)
@@ -155,7 +152,7 @@ def cpu_ceiling(steps: int, params: int) -> dict:
         timings["summary"] += t3 - t2
         if engine.complete(window):
             t4 = clock()
-            engine.evaluate(window, engine.new_run_state("cpu"))
+            violations += len(engine.evaluate(window, run_state))
             timings["evaluate"] += clock() - t4
             del windows[step]
         else:
@@ -163,11 +160,12 @@ def cpu_ceiling(steps: int, params: int) -> dict:
             WindowRecord("cpu", step, 0, 0.0, 0.0, engine.dump_window(window), summary.to_dict()).to_bytes()
             timings["record_store"] += clock() - t4
     total = sum(timings.values())
-    return {"events_per_s": round(total_events / total),
-            "us_per_batch": {k: round(v / len(records) * 1e6, 1) for k, v in timings.items()}}
+    return {"events_per_batch": round(total_events / len(records), 1), "events_per_s": round(total_events / total),
+            "violations": violations,
+            "us_per_event": {k: round(v / total_events * 1e6, 2) for k, v in timings.items()}}
 
 
-def latency(samples: int, params: int, workdir: Path, extra: list[str]) -> dict:
+def latency(samples: int, workdir: Path, extra: list[str]) -> dict:
     from kafka import KafkaProducer
 
     with EmbeddedBroker(log_path=workdir / "broker-latency.log") as broker:
@@ -188,10 +186,8 @@ def latency(samples: int, params: int, workdir: Path, extra: list[str]) -> dict:
             results = []
             for i in range(samples):
                 run = f"lat-{i}"
-                t = time.time_ns()
-                extra = _param_states(5, params, t)
                 for rank in (0, 1):
-                    batch = synthetic_step_batch(run, rank, 2, 5, digest="x3:bad" if rank else None, extra=extra)
+                    batch = synthetic_step_batch(run, rank, 2, 5, digest="x3:bad" if rank else None)
                     producer.send(TOPIC, key=batch_key(run, 5), value=encode_batch(batch))
                 producer.flush()
                 sent = time.monotonic()
@@ -209,22 +205,34 @@ def latency(samples: int, params: int, workdir: Path, extra: list[str]) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=2000)
-    parser.add_argument("--params", type=int, default=16, help="parameters snapshotted per step and rank")
+    parser.add_argument("--events", type=int, default=600_000,
+                        help="events per throughput round (the step count follows from the step size)")
+    parser.add_argument("--layers", type=int, nargs="+", default=[0, 40],
+                        help="extra linear layers of the synthetic model, one round per value")
     parser.add_argument("--latency-samples", type=int, default=10)
     parser.add_argument("--multi-record-batches", action="store_true",
                         help="run the workers with --multi-record-batches (not recovery-safe on tansu)")
+    parser.add_argument("--json", type=Path, help="also write the report here")
     args = parser.parse_args()
     extra = ["--multi-record-batches"] if args.multi_record_batches else []
+    report: dict = {"workloads": []}
     with tempfile.TemporaryDirectory(prefix="tw-stream-bench-") as tmp:
         workdir = Path(tmp)
-        report = {
-            "cpu_ceiling_one_core": cpu_ceiling(min(args.steps, 500), args.params),
-            "one_worker": throughput(1, args.steps, args.params, workdir, extra),
-            "two_workers": throughput(2, args.steps, args.params, workdir, extra),
-            "latency": latency(args.latency_samples, args.params, workdir, extra),
-        }
+        for layers in args.layers:
+            per_step = make_run("probe", 4, layers)[1] / 4  # events per step, both ranks
+            steps = max(200, int(args.events / per_step))
+            report["workloads"].append({
+                "layers": layers,
+                "cpu_ceiling_one_core": cpu_ceiling(min(steps, 400), layers),
+                "one_worker": throughput(1, steps, layers, workdir, extra),
+                "two_workers": throughput(2, steps, layers, workdir, extra),
+            })
+            print(json.dumps(report["workloads"][-1]), flush=True)
+        if args.latency_samples:
+            report["latency"] = latency(args.latency_samples, workdir, extra)
     print(json.dumps(report, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
     return 0
 
 

@@ -59,6 +59,20 @@ class SyntheticRun:
     autocast: bool = True
     faults: list[Fault] = field(default_factory=list)
     seed: int = 0
+    #: Extra trainable ``Linear`` weights (and their forwards), to shape a bigger model's steps.
+    extra_layers: int = 0
+    #: Split each rank's step into two batches (as a producer does for a long step);
+    #: False ships one batch per rank and step, the common case.
+    split_steps: bool = True
+
+    @property
+    def params(self) -> tuple[tuple[str, str, bool, list[int]], ...]:
+        extra = tuple((f"module.blocks.{i}.weight", "Linear", True, [8, 8]) for i in range(self.extra_layers))
+        return PARAMS + extra
+
+    @property
+    def modules(self) -> tuple[tuple[str, str], ...]:
+        return MODULES + tuple((f"blocks.{i}", "Linear") for i in range(self.extra_layers))
 
     def _fault(self, name: str, step: int, rank: int) -> bool:
         """One-shot faults fire at their step only; the others persist from it on."""
@@ -75,9 +89,8 @@ class SyntheticRun:
         for step in range(self.steps):
             for rank in range(self.world):
                 events = list(self._step_events(step, rank))
-                # split long steps into two batches, as producers do
                 half = len(events) // 2
-                for part in (events[:half], events[half:]):
+                for part in ((events[:half], events[half:]) if self.split_steps else (events,)):
                     yield make_batch(run=self.run, rank=rank, world=self.world, step=step, seq=seqs[rank], events=part)
                     seqs[rank] += 1
 
@@ -105,7 +118,7 @@ class SyntheticRun:
         yield from self._forward(pid, "train", step, rank, training=True)
         yield from self._backward(pid, step, rank)
         yield from self._opt_step(pid, step, rank)
-        for name, mtype, req, shape in PARAMS:
+        for name, mtype, req, shape in self.params:
             yield self._state(pid, "train", name, "step_end", None, self._attrs(name, mtype, req, shape, step + 1, rank, grad=req))
         if not (self._fault("missing_rank", step, rank)):
             yield self._ev("step", "train", pid, phase="end")
@@ -155,9 +168,9 @@ class SyntheticRun:
         api = "torch.optim.Optimizer.zero_grad"
 
         def inner(cid: int) -> Iterator[dict[str, Any]]:
-            for name, mtype, req, shape in PARAMS:
+            for name, mtype, req, shape in self.params:
                 yield self._state(pid, "train", name, f"pre:{api}", cid, self._attrs(name, mtype, req, shape, step, rank, grad=req and step > 0))
-            for name, mtype, req, shape in PARAMS:
+            for name, mtype, req, shape in self.params:
                 yield self._state(pid, "train", name, f"post:{api}", cid, self._attrs(name, mtype, req, shape, step, rank, grad=False))
 
         yield from self._call(pid, "train", api, args={"set_to_none": True}, children=inner)
@@ -171,7 +184,7 @@ class SyntheticRun:
         tensor = {"T": "tensor", "shape": [4, 16], "dtype": "torch.float32"}
 
         def modules(root: int) -> Iterator[dict[str, Any]]:
-            for mod, mtype in MODULES:
+            for mod, mtype in self.modules:
                 flag = training or (mtype == "Dropout" and self._fault("dropout_in_eval", step, rank))
                 if mtype == "Dropout":
                     def drop(cid: int, flag: bool = flag) -> Iterator[dict[str, Any]]:
@@ -206,9 +219,9 @@ class SyntheticRun:
         api = "torch.optim.Optimizer.step"
 
         def inner(cid: int) -> Iterator[dict[str, Any]]:
-            for name, mtype, req, shape in PARAMS:
+            for name, mtype, req, shape in self.params:
                 yield self._state(pid, "train", name, f"pre:{api}", cid, self._attrs(name, mtype, req, shape, step, rank, grad=req))
-            for name, mtype, req, shape in PARAMS:
+            for name, mtype, req, shape in self.params:
                 frozen = (name == "module.fc1.weight" and self._fault("frozen", step, rank)) or self._fault("step_noop", step, rank)
                 version = step if frozen else step + 1
                 yield self._state(pid, "train", name, f"post:{api}", cid, self._attrs(name, mtype, req, shape, version, rank, grad=req))
