@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from .module_facts import FirstForwards, first_forward_context
 from .params import PARAMETER_VTYPE, SnapshotMemo, ParameterRegistry, snapshot_attrs
 from .recorder import StepRecorder
 from .selection import MODULE_FORWARD, OPTIMIZER_STEP, OPTIMIZER_ZERO_GRAD, WORKER_INIT, Selection
@@ -108,6 +109,7 @@ class Tracer:
         self._snapshots = selection.snapshots
         self._autocast_devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
         self._class_names: dict[type, tuple[str, str]] = {}
+        self._first_forwards = FirstForwards()
         self.recorder.append(self._event("step", phase="begin"))
 
     # -- small helpers --------------------------------------------------------------
@@ -333,6 +335,9 @@ class Tracer:
             cid = next(self._cids)
             stack = tls.stack
             name, mtype = self._forward_names(type(module))
+            ctx = self._ctx()
+            if self._first_forwards.is_first(module):
+                ctx.update(first_forward_context(module))
             self._record(
                 {
                     "kind": "call",
@@ -349,7 +354,7 @@ class Tracer:
                     "mtype": mtype,
                     "training": module.training,
                     "args": {"0": summarize(args[0], self.registry.name_of)} if args else {},
-                    "ctx": self._ctx(),
+                    "ctx": ctx,
                 }
             )
             stack.append(cid)

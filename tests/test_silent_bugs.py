@@ -1,8 +1,9 @@
 """A fast slice of the silent-bug benchmark, with exact expectations.
 
-Four reproductions — one per relation family that the shipped default set must cover —
-and their healthy twins run under real ``trainwatch collect`` (single process and a
-2-rank gloo job), then ``trainwatch check`` with *no* ``-i``: the zero-configuration
+Six reproductions — one per relation family that the shipped default set must cover, plus
+the type-free first-forward and batch-keeping rules — and their healthy twins run under
+real ``trainwatch collect`` (single process and a 2-rank gloo job), then
+``trainwatch check`` with *no* ``-i``: the zero-configuration
 path users get. Each bug must be reported at its onset step or the next by the named
 relation, and each twin must come back clean. A change to the producer, the core or the
 default set that loses one of these detections fails here.
@@ -29,6 +30,9 @@ FAST_SUBSET = {
     "eval_dropout_attention": "TrainingFlag",
     "reinit_every_step": "APIAbsent",
     "ddp_raw_module": "Consistent",
+    # the two rules that need no user class and no healthy run of the pipeline itself
+    "spectral_norm_eval_first": "TrainingFlag",
+    "preprocess_batch_size": "APIOutput",
 }
 
 

@@ -84,9 +84,9 @@ BUGS: tuple[BugCase, ...] = (
     ),
     BugCase(
         "spectral_norm_eval_first", "spectral-norm layer evaluated before its first training forward",
-        "PyTorch-51800", ("grown", "spectral"), "APISequence",
-        notes="only one step is affected; the signal is a module's first forward happening in eval mode",
-        gap='GAPS core 5: needs a per-module first-forward record; one eval forward is otherwise ordinary',
+        "PyTorch-51800", ("grown", "spectral"), "TrainingFlag (first forward)",
+        notes="only one step is affected; the signal is a module's first forward happening in eval mode "
+              "(the producer marks first forwards and spectral-norm hooks in the call's ctx)",
     ),
     BugCase(
         "freeze_only_in_train", "stage freezing only applied inside train(); stem keeps training",

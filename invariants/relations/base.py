@@ -25,6 +25,11 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 from ..window import FactPlan, WindowState, ancestors, sorted_calls
 
 Record = dict[str, Any]
+#: ctx entries of a module's first forward only (producers/module_facts.py).  They are
+#: facts about the module, not the execution context; only the first-forward rule
+#: (`stage_rules.TrainingFlag`) reads them, and as precondition fields they would only
+#: split every other rule's step-0 examples into new shapes.
+FIRST_FORWARD_FACTS = frozenset({"first_forward", "spectral_norm"})
 #: grad_norm / data_norm above which an optimizer step is expected to move float32 weights
 SIGNIFICANT_GRAD_RATIO = 1e-4
 
@@ -150,7 +155,7 @@ class WindowView:
         ctx = call.get("ctx")
         if ctx:
             for key, value in ctx.items():
-                if value is None or is_scalar(value):
+                if (value is None or is_scalar(value)) and key not in FIRST_FORWARD_FACTS:
                     record[f"ctx.{key}"] = value
         args = call.get("args")
         if args:

@@ -21,6 +21,19 @@
     "training": false}``.  Reads the call's ``training`` field, or a boolean
     ``training`` argument (``torch.nn.functional.dropout``).  Catches dropout or batch-norm
     statistics left in training mode during evaluation, and the converse.
+
+    Second form, about a module's *first* forward in the process (the producer marks
+    it with ``ctx.first_forward``, see ``producers/module_facts.py``): "the first
+    forward of a module whose weight carries the legacy, hook-based spectral norm runs
+    in training mode": ``{"api": "torch.nn.Module.forward", "first_forward": true,
+    "spectral_norm": "hook", "training": true}``.  That implementation starts from
+    random singular-vector estimates and refines them only in training-mode forwards,
+    so an evaluation forward that comes first divides the weight by a sigma estimated
+    from random vectors (PyTorch issue 51800).  Nothing else about that forward looks
+    wrong, which is why the rule needs to know it was the first.  The rule binds in
+    every stage, precision and grad mode, so its examples carry no context; the
+    parametrization-based ``spectral_norm`` refines its estimate when it is registered
+    and is not a site.
 """
 
 from __future__ import annotations
@@ -34,6 +47,9 @@ from .base import Site, Template, WindowView
 #: Called in DataLoader worker processes: its stage is wherever the loader's iterator
 #: was created, which differs between pipelines, so stage rules about it are noise.
 WORKER_APIS = frozenset({"torch.utils.data.worker_init"})
+#: Spectral-norm implementations whose estimate is only refined by training-mode forwards.
+LAZY_SPECTRAL_NORMS = frozenset({"hook"})
+MODULE_FORWARD = "torch.nn.Module.forward"
 #: An API called in more distinct steps than this is not a one-off API.
 ONE_OFF_MAX_STEPS = 2
 #: The stage must go on at least this many steps past the API's last use.
@@ -197,14 +213,22 @@ class TrainingFlag(Template):
     def keeps_hypothesis(self, params: Mapping[str, Any]) -> bool:
         # "training=True in stage train" breaks on legitimately frozen submodules (a BN
         # stem kept in eval); training-mode-forgotten is APIAbsent's job.  Learn only
-        # the evaluation direction.
+        # the evaluation direction.  A first forward is the exception: a lazily
+        # estimated spectral norm needs it in training mode, and only that is learnt.
+        if params.get("first_forward"):
+            return params["training"] is True
         return params["training"] is False
 
     def sites(self, view: WindowView, families: Any = None) -> Iterator[Site]:
-        wanted = None if families is None else {(f[1], f[2]) for f in families}
+        wanted = None if families is None else {(f[1], f[2]) for f in families if f[0] == "flag"}
+        first_wanted = families is None or any(f[0] == "first_forward" for f in families)
         for rank in view.ranks():
             for call in view.calls(rank):
                 api = call["api"]
+                if first_wanted and api == MODULE_FORWARD:
+                    site = self._first_forward_site(view, call, rank, families)
+                    if site is not None:
+                        yield site
                 if wanted is not None and (api, call.get("mtype") or "") not in wanted:
                     continue
                 flag = call.get("training")
@@ -221,7 +245,26 @@ class TrainingFlag(Template):
                            {"call": call["key"], "module": call.get("module"), "mtype": call.get("mtype"),
                             "training": flag})
 
+    @staticmethod
+    def _first_forward_site(view: WindowView, call: dict[str, Any], rank: int, families: Any) -> Site | None:
+        ctx = call.get("ctx")
+        flag = call.get("training")
+        if not isinstance(ctx, dict) or ctx.get("first_forward") is not True or not isinstance(flag, bool):
+            return None
+        norm = ctx.get("spectral_norm")
+        if norm not in LAZY_SPECTRAL_NORMS:
+            return None
+        family = ("first_forward", MODULE_FORWARD, norm)
+        if families is not None and family not in families:
+            return None
+        records = [{"rank": rank, "step_is_first": view.step == 0}]
+        return Site(family, frozenset([flag]), records, [rank], call.get("stage", ""),
+                    {"call": call["key"], "module": call.get("module"), "mtype": call.get("mtype"),
+                     "spectral_norm": norm, "training": flag})
+
     def params(self, family: tuple, value: Any) -> dict[str, Any]:
+        if family[0] == "first_forward":
+            return {"api": family[1], "first_forward": True, "spectral_norm": family[2], "training": value}
         params = {"api": family[1], "stage": family[3], "training": value}
         if family[2]:
             params["mtype"] = family[2]
@@ -231,17 +274,32 @@ class TrainingFlag(Template):
         flag = params["training"]
         if not isinstance(flag, bool):
             raise ValueError("training")
+        if "first_forward" in params:
+            if params["first_forward"] is not True:
+                raise ValueError("first_forward")
+            if not isinstance(params.get("spectral_norm"), str):
+                raise ValueError("spectral_norm")
+            return ("first_forward", str(params["api"]), params["spectral_norm"]), flag
         return ("flag", str(params["api"]), str(params.get("mtype") or ""), str(params["stage"])), flag
 
     def needs(self, params: Mapping[str, Any]) -> FactPlan:
+        # a call's ctx (where first_forward lives) is always kept with the call
         return FactPlan(apis={params["api"]}, args={params["api"]: {"training"}}, state_points=set(), state_attrs=set())
 
     def describe(self, params: Mapping[str, Any]) -> str:
-        what = f"{params['mtype']} modules" if params.get("mtype") else params["api"]
         mode = "training" if params["training"] else "evaluation"
+        if params.get("first_forward"):
+            return (f"the first forward of a module with spectral normalisation ({params['spectral_norm']}) "
+                    f"runs in {mode} mode (training={params['training']})")
+        what = f"{params['mtype']} modules" if params.get("mtype") else params["api"]
         return f"{what} run in {mode} mode (training={params['training']}) during stage {params['stage']!r}"
 
     def hint(self, params: Mapping[str, Any]) -> str:
+        if params.get("first_forward"):
+            return ("a spectrally-normalised layer ran its first forward in eval mode: its power-iteration "
+                    "estimate of sigma was never refined, so the layer divided its weight by a sigma from random "
+                    "vectors; run a training-mode forward first (or use "
+                    "torch.nn.utils.parametrizations.spectral_norm)")
         if params["training"]:
             return "the module is in eval mode during training: model.train() was not called back after evaluation"
         return ("the module is still in training mode during evaluation (dropout active, batch-norm statistics "

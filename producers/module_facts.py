@@ -1,0 +1,74 @@
+"""Facts about a module instance that only its first forward in this process can tell.
+
+Some modules are only correct if their first forward runs in a particular mode: the
+legacy ``torch.nn.utils.spectral_norm`` starts from random singular-vector estimates
+and refines them by power iteration only in training-mode forwards, so a first
+forward in ``eval()`` divides the weight by a sigma estimated from random vectors
+(PyTorch issue 51800).  Nothing in one eval forward looks wrong by itself; what is
+wrong is that it came *first*.  So the module-forward ``pre`` event of a module's
+first forward carries, in its ``ctx``:
+
+``first_forward``  ``True`` (absent on every later forward, so steady-state events
+                   do not grow)
+``spectral_norm``  ``"hook"`` for the legacy forward-pre-hook implementation,
+                   ``"parametrization"`` for ``torch.nn.utils.parametrizations``
+                   (which already runs 15 power iterations when registered), absent
+                   when the module has no spectral normalisation
+
+The first-forward bookkeeping is a dict lookup by ``id`` per forward; entries leave
+with their module (a weak reference's callback), so a new module that reuses a dead
+one's id counts as new.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+from torch.nn.utils import parametrize
+from torch.nn.utils.spectral_norm import SpectralNorm
+
+#: the parametrization class behind ``torch.nn.utils.parametrizations.spectral_norm``
+#: (private in torch, so looked up rather than imported; None if it ever moves)
+_SPECTRAL_PARAMETRIZATION: type | None = getattr(torch.nn.utils.parametrizations, "_SpectralNorm", None)
+
+
+class FirstForwards:
+    """Which module instances have already run a forward in this process."""
+
+    def __init__(self) -> None:
+        self._seen: dict[int, weakref.ref[torch.nn.Module]] = {}
+
+    def is_first(self, module: torch.nn.Module) -> bool:
+        """True exactly once per live module instance: on the call that first asks."""
+        key = id(module)
+        if key in self._seen:
+            return False
+        seen = self._seen
+        seen[key] = weakref.ref(module, lambda _ref, key=key: seen.pop(key, None))
+        return True
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+
+def spectral_norm_kind(module: torch.nn.Module) -> str | None:
+    """``"hook"`` / ``"parametrization"`` when the module's weight is spectrally normalised."""
+    for hook in module._forward_pre_hooks.values():
+        if isinstance(hook, SpectralNorm):
+            return "hook"
+    if _SPECTRAL_PARAMETRIZATION is not None and parametrize.is_parametrized(module):
+        for parametrizations in module.parametrizations.values():
+            if any(isinstance(p, _SPECTRAL_PARAMETRIZATION) for p in parametrizations):
+                return "parametrization"
+    return None
+
+
+def first_forward_context(module: torch.nn.Module) -> dict[str, Any]:
+    """The ``ctx`` entries of a module's first forward (see the module docstring)."""
+    facts: dict[str, Any] = {"first_forward": True}
+    kind = spectral_norm_kind(module)
+    if kind is not None:
+        facts["spectral_norm"] = kind
+    return facts

@@ -1,0 +1,77 @@
+"""First-forward facts on module-forward events: real torch modules, tiny CPU training."""
+
+from __future__ import annotations
+
+import gc
+import warnings
+
+import torch
+from torch import nn
+
+import producers
+from invariants.events import validate_batch
+from producers.module_facts import FirstForwards, first_forward_context, spectral_norm_kind
+from producers.report import read_trace_dir
+
+warnings.filterwarnings("ignore", category=FutureWarning)  # the legacy spectral_norm API is the subject
+
+
+def _forward_pres(trace_dir) -> list[tuple[int, dict]]:
+    files = read_trace_dir(trace_dir)
+    assert len(files) == 1, files.keys()
+    found = []
+    for batch in next(iter(files.values())):
+        validate_batch(batch)
+        for event in batch["events"]:
+            if event["kind"] == "call" and event.get("api") == "torch.nn.Module.forward" and event["phase"] == "pre":
+                found.append((batch["step"], event))
+    return found
+
+
+def test_spectral_norm_is_recognised_in_both_implementations():
+    assert spectral_norm_kind(nn.utils.spectral_norm(nn.Linear(3, 4))) == "hook"
+    assert spectral_norm_kind(nn.utils.parametrizations.spectral_norm(nn.Conv2d(1, 2, 3))) == "parametrization"
+    assert spectral_norm_kind(nn.utils.parametrizations.orthogonal(nn.Linear(3, 3))) is None
+    assert spectral_norm_kind(nn.Linear(3, 4)) is None
+    removed = nn.utils.spectral_norm(nn.Linear(3, 4))
+    nn.utils.remove_spectral_norm(removed)
+    assert spectral_norm_kind(removed) is None
+    assert first_forward_context(nn.ReLU()) == {"first_forward": True}
+
+
+def test_first_forward_is_reported_once_per_live_instance():
+    firsts = FirstForwards()
+    layer = nn.Linear(2, 2)
+    assert firsts.is_first(layer) and not firsts.is_first(layer) and not firsts.is_first(layer)
+    other = nn.Linear(2, 2)
+    assert firsts.is_first(other)
+    del layer, other
+    gc.collect()
+    assert len(firsts) == 0  # dead modules leave; a new one reusing an id is new
+    assert firsts.is_first(nn.Linear(2, 2))
+
+
+def test_first_forward_events_carry_the_facts_and_later_ones_do_not(tmp_path):
+    with producers.instrument(run_id="r-first", trace_dir=tmp_path):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.utils.spectral_norm(nn.Linear(3, 4)), nn.ReLU(), nn.Linear(4, 1))
+        late = nn.utils.spectral_norm(nn.Linear(1, 1))  # joins at the second step, in eval mode
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(3):
+            if step == 1:
+                late.eval()
+                with torch.no_grad():
+                    late(torch.randn(2, 1))
+            optimizer.zero_grad()
+            model(torch.randn(4, 3)).pow(2).mean().backward()
+            optimizer.step()
+    pres = _forward_pres(tmp_path)
+    firsts = [(step, e["module"], e["mtype"], e["training"], e["ctx"].get("spectral_norm"))
+              for step, e in pres if e["ctx"].get("first_forward")]
+    assert firsts == [(0, "", "Sequential", True, None), (0, "0", "Linear", True, "hook"),
+                      (0, "1", "ReLU", True, None), (0, "2", "Linear", True, None),
+                      (1, "", "Linear", False, "hook")]
+    assert all(e["ctx"]["first_forward"] is True for _, e in pres if "first_forward" in e["ctx"])
+    # steady state: later forwards carry the plain context only
+    later = [e for step, e in pres if step == 2]
+    assert later and all(set(e["ctx"]) == {"grad", "autocast", "training"} for e in later)
