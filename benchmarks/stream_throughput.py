@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -55,6 +56,19 @@ def make_run(run: str, steps: int, layers: int) -> tuple[list[tuple[bytes, bytes
         events += len(batch["events"])
         records.append((batch_key(run, batch["step"]), encode_batch(batch)))
     return records, events
+
+
+def _cpu_seconds(proc: CheckerProcess) -> float:
+    """User + system CPU seconds of a worker process so far (Linux /proc).
+
+    On a shared machine a worker gets only part of a core; events per CPU-second is
+    what one dedicated core would sustain, the wall rate is what this machine gave.
+    """
+    try:
+        fields = Path(f"/proc/{proc.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, AttributeError):
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def produce(bootstrap: str, records: list[tuple[bytes, bytes]]) -> None:
@@ -97,7 +111,7 @@ def throughput(workers: int, steps: int, layers: int, workdir: Path, extra: list
                 if settled_at is None and (workers == 1 or (sum(owned) == 4 and all(owned))):
                     settled_at = now  # every worker owns partitions: the group has settled
                 if settled_at is not None:
-                    samples.append((now, consumed))
+                    samples.append((now, consumed, sum(_cpu_seconds(p) for p in procs)))
                 if consumed >= total_events:
                     break
                 time.sleep(0.05)
@@ -109,6 +123,8 @@ def throughput(workers: int, steps: int, layers: int, workdir: Path, extra: list
             lo = next(s for s in samples if s[1] >= start)
             hi = next(s for s in samples if s[1] >= 0.9 * total_events)
             rate = (hi[1] - lo[1]) / max(hi[0] - lo[0], 1e-9)
+            cpu = hi[2] - lo[2]
+            cpu_share = cpu / max(hi[0] - lo[0], 1e-9) / workers
             checked = sum(metric(p.metrics(), "trainwatch_steps_checked_total", run=run) for p in procs)
             violations = sum(metric(p.metrics(), "trainwatch_violations_total", run=run) for p in procs)
             split = [metric(p.metrics(), "trainwatch_events_consumed_total", run=run) for p in procs]
@@ -117,6 +133,8 @@ def throughput(workers: int, steps: int, layers: int, workdir: Path, extra: list
                 proc.stop()
     return {"workers": workers, "events": total_events, "batches": len(records),
             "events_per_batch": round(total_events / len(records), 1), "events_per_s": round(rate),
+            "events_per_worker_cpu_s": round((hi[1] - lo[1]) / max(cpu, 1e-9)),
+            "worker_cpu_share": round(cpu_share, 2),
             "steps_checked_at_end": checked, "violations": violations, "events_per_worker": split}
 
 

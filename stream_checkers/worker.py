@@ -7,6 +7,7 @@ with our flags, exit codes and signal handling rather than Faust's own CLI.
 
 from __future__ import annotations
 
+import gc
 import logging
 import sys
 from typing import TextIO
@@ -19,6 +20,26 @@ from .metrics import CheckerMetrics, start_metrics_server
 from .topics import ensure_topics
 
 SWITCH_INTERVAL_S = 0.0005
+#: Young-generation threshold of the cyclic garbage collector in a worker (CPython's
+#: default is 700 allocations).
+GC_YOUNG_THRESHOLD = 50_000
+
+
+def tune_gc_for_streaming() -> None:
+    """Make the cyclic collector cheap for a process that decodes batches all day.
+
+    Every decoded batch allocates thousands of small, acyclic dicts and lists (one
+    per event and attribute map).  With the default threshold the collector runs
+    several times per batch and each older-generation pass walks the whole heap of
+    open windows, Faust and aiokafka objects: measured as a third of the agent's CPU.
+    The heap built at start-up is frozen (never scanned again) and young collections
+    run every 50k allocations instead of 700; reference counting still frees the
+    batches themselves immediately, only cycles wait longer.
+    """
+    gc.collect()
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
 
 
 def run_worker(config: CheckerConfig, engine: EnginePort, *, out: TextIO | None = None) -> int:
@@ -55,6 +76,7 @@ def run_worker(config: CheckerConfig, engine: EnginePort, *, out: TextIO | None 
             override_logging=True,
         )
         worker.spinner = None  # terminal control codes have no place in a log
+        tune_gc_for_streaming()
         logging.getLogger("trainwatch.checker").setLevel(logging.INFO)
         try:
             worker.execute_from_commandline()
