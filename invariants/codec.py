@@ -22,8 +22,22 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO, Iterator
 
 import msgpack
+import msgspec
 
 from .events import Batch, SchemaError, validate_batch
+
+#: Decoding is the largest per-event cost of every consumer (stream worker, ``check``,
+#: ``infer``); msgspec's untyped msgpack decoder builds the same dicts, lists and
+#: strings as ``msgpack.unpackb`` about 1.3-1.6x faster (it caches repeated map keys).
+#: Encoding stays with msgpack: producers depend on its fallback behaviour.  The
+#: contract has no extension types; should one arrive it decodes to the same
+#: ``msgpack.ExtType`` msgpack would give (timestamps become aware datetimes), so
+#: that every decoded value can be packed again into window state.
+def _extension(code: int, data: memoryview) -> msgpack.ExtType:
+    return msgpack.ExtType(code, bytes(data))
+
+
+_DECODER = msgspec.msgpack.Decoder(ext_hook=_extension)
 
 TRACE_MAGIC = b"TWTRACE\x01"
 TRACE_SUFFIX = ".twtrace"
@@ -50,10 +64,10 @@ def decode_batch(payload: bytes, *, max_bytes: int = MAX_BATCH_BYTES) -> Batch:
     if len(payload) > max_bytes:
         raise SchemaError("oversized", f"batch of {len(payload)} bytes exceeds {max_bytes}")
     try:
-        obj: Any = msgpack.unpackb(payload, raw=False, strict_map_key=False)
-    except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError) as exc:
+        obj: Any = _DECODER.decode(payload)
+    except msgspec.DecodeError as exc:
         raise SchemaError("undecodable", f"not a msgpack batch: {exc}") from None
-    except Exception as exc:  # msgpack raises assorted types on hostile input
+    except Exception as exc:  # hostile input may raise other types (e.g. unhashable map keys)
         raise SchemaError("undecodable", f"not a msgpack batch: {type(exc).__name__}: {exc}") from None
     return validate_batch(obj)
 

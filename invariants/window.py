@@ -232,12 +232,13 @@ class WindowState:
     # ------------------------------------------------------------------ bytes
     def to_bytes(self) -> bytes:
         return msgpack.packb(
-            [self.run, self.step, self.world, self.batches, self.events, self.ranks], use_bin_type=True
+            [self.run, self.step, self.world, self.batches, self.events, self.ranks],
+            use_bin_type=True, datetime=True,  # a decoded msgpack timestamp is a datetime
         )
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "WindowState":
-        run, step, world, batches, events, ranks = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        run, step, world, batches, events, ranks = msgpack.unpackb(data, raw=False, strict_map_key=False, timestamp=3)
         state = cls(run, step, world)
         state.batches = batches
         state.events = events

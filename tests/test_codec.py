@@ -38,6 +38,10 @@ def test_round_trip():
     "payload,reason",
     [
         (b"\xc1\xc1garbage", "undecodable"),
+        (encode_batch(_batch()) + b"\x00", "undecodable"),  # trailing bytes
+        (encode_batch(_batch())[:-3], "undecodable"),  # truncated
+        (b"\x81\x91\x01\x02", "missing_field"),  # a map keyed by an array
+        (b"\xdd\xff\xff\xff\xff", "undecodable"),  # an array claiming 4G elements
         (msgpack.packb([1, 2, 3]), "wrong_type"),
         (msgpack.packb({"v": 99}), "unknown_version"),
         (encode_batch(_batch(rank=5)), "bad_value"),
@@ -50,6 +54,26 @@ def test_bad_input_is_a_schema_error_with_reason(payload, reason):
     with pytest.raises(SchemaError) as err:
         decode_batch(payload)
     assert err.value.reason == reason
+
+
+def test_extension_values_decode_to_values_window_state_can_hold():
+    """The contract has no extension types, but a value that carries one must not make
+    the window that folds it impossible to persist (the stream worker writes windows
+    to a changelog)."""
+    from invariants.window import FactPlan, WindowState
+
+    batch = _batch()
+    batch["events"].insert(0, {"kind": "state", "t": 1, "pid": 1, "tid": 1, "stage": "train", "name": "w",
+                               "at": "step_end", "attrs": {"when": msgpack.Timestamp(7, 0),
+                                                           "blob": msgpack.ExtType(5, b"xy")}})
+    decoded = decode_batch(encode_batch(batch))
+    attrs = decoded["events"][0]["attrs"]
+    assert attrs["blob"] == msgpack.ExtType(5, b"xy")
+    assert attrs["when"].timestamp() == 7
+    window = WindowState("r1", 3)
+    window.add_batch(decoded, FactPlan.everything())
+    restored = WindowState.from_bytes(window.to_bytes())
+    assert restored.ranks == window.ranks
 
 
 def test_oversized():
