@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from .report import decode_violation, violation_line
+from .report import decode_violation
+from .violation_fold import RepeatFolder
 from .supervisor import CheckerProcess, TopicReader, metric
 
 EXIT_OK, EXIT_VIOLATIONS, EXIT_USAGE = 0, 1, 2
@@ -44,17 +45,20 @@ class WatchOptions:
     topic_prefix: str = "trainwatch."
     drain_timeout_s: float = 60.0
     extra_collect_args: list[str] = field(default_factory=list)
+    #: print only the first violation of each invariant and sparse reminders
+    fold_repeats: bool = True
 
 
 class ViolationFollower(threading.Thread):
     """Prints this run's violations as they land on the violations topic."""
 
-    def __init__(self, bootstrap: str, topic: str, run_id: str, out: TextIO) -> None:
+    def __init__(self, bootstrap: str, topic: str, run_id: str, out: TextIO, *, fold_repeats: bool = True) -> None:
         super().__init__(name="trainwatch-violations", daemon=True)
         self.reader = TopicReader(bootstrap, topic)
         self.run_id = run_id
         self.out = out
         self.seen: dict[str, dict[str, Any]] = {}
+        self.folder = RepeatFolder(fold=fold_repeats)
         self.stopping = threading.Event()
         self.caught_up = threading.Event()
         self.error: str | None = None
@@ -63,8 +67,11 @@ class ViolationFollower(threading.Thread):
         try:
             while not self.stopping.is_set():
                 found = [v for v in (self._decode(r.value) for r in self.reader.poll(0.2)) if v is not None]
+                by_step: dict[Any, list[dict[str, Any]]] = {}
                 for violation in sorted(found, key=lambda v: (v.get("step") or 0, str(v.get("relation")))):
-                    self._handle(violation)
+                    by_step.setdefault(violation.get("step"), []).append(violation)
+                for violations in by_step.values():
+                    self._handle(violations)
                 if self.reader.caught_up():
                     self.caught_up.set()
                 else:
@@ -82,12 +89,16 @@ class ViolationFollower(threading.Thread):
             return None
         return violation if isinstance(violation, dict) else None
 
-    def _handle(self, violation: dict[str, Any]) -> None:
-        vid = str(violation.get("id"))
-        if violation.get("run") != self.run_id or vid in self.seen:
-            return
-        self.seen[vid] = violation
-        print(violation_line(violation), file=self.out, flush=True)
+    def _handle(self, violations: list[dict[str, Any]]) -> None:
+        """Print one step's newly seen violations of this run."""
+        fresh = []
+        for violation in violations:
+            vid = str(violation.get("id"))
+            if violation.get("run") == self.run_id and vid not in self.seen:
+                self.seen[vid] = violation
+                fresh.append(violation)
+        for line in self.folder.lines_for_step(fresh):
+            print(line, file=self.out, flush=True)
 
     def settle(self, timeout_s: float) -> None:
         """Wait until the follower has read everything published so far."""
@@ -150,7 +161,8 @@ class WatchSession:
                 self.say(f"the checker did not start: {exc}")
                 return EXIT_USAGE
             self._header(bootstrap, checker)
-            self.follower = ViolationFollower(bootstrap, f"{o.topic_prefix}violations", o.run_id, self.out)
+            self.follower = ViolationFollower(bootstrap, f"{o.topic_prefix}violations", o.run_id, self.out,
+                                             fold_repeats=o.fold_repeats)
             self.follower.start()
             try:
                 training_rc = self._run_training(bootstrap)
@@ -260,6 +272,14 @@ class WatchSession:
                 steps = metric(self.checker.metrics(), "trainwatch_steps_checked_total", run=self.options.run_id)
             except OSError:
                 pass
+        if self.follower is not None and self.follower.folder.tallies:
+            print("violations by invariant:", file=self.out)
+            for line in self.follower.folder.rollup():
+                print(line, file=self.out)
+            folded = self.follower.folder.folded()
+            if folded:
+                print(f"  ({folded} repeat(s) not printed above; --every-violation prints each one)", file=self.out)
+            self.out.flush()
         invariant_violations = [v for v in violations if not str(v.get("relation", "")).startswith("Trend:")]
         trend_alerts = len(violations) - len(invariant_violations)
         parts = [f"run {self.options.run_id}: {int(steps)} step(s) checked"]

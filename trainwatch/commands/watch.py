@@ -31,6 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="close a step window this long after its last batch (default 2)")
     parser.add_argument("--drain-timeout", type=float, default=60.0,
                         help="after the command exits, wait at most this long for the checker (default 60)")
+    parser.add_argument("--every-violation", action="store_true",
+                        help="print every violation as it arrives (default: the first of each invariant in full, "
+                             "then reminders at 2, 4, 8, ... violating steps, and a roll-up at the end)")
     parser.add_argument("--topic-prefix", default=os.environ.get("TRAINWATCH_TOPIC_PREFIX", "trainwatch."))
 
 
@@ -70,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
         grace_seconds=args.grace_seconds,
         topic_prefix=args.topic_prefix,
         drain_timeout_s=args.drain_timeout,
+        fold_repeats=not args.every_violation,
     )
     # SIGTERM (a CI timeout, a job scheduler) gets the same orderly teardown as Ctrl-C.
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
