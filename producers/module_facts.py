@@ -14,6 +14,14 @@ first forward carries, in its ``ctx``:
                    ``"parametrization"`` for ``torch.nn.utils.parametrizations``
                    (which already runs 15 power iterations when registered), absent
                    when the module has no spectral normalisation
+``spectral_norm_refined``  (``"hook"`` only) whether the stored singular-vector
+                   estimate already fits the weight.  A first forward in eval mode is
+                   harmless when ``u``/``v`` came from a checkpoint (a resumed run that
+                   validates before it trains): after a power iteration ``u`` is
+                   ``W v`` normalised, so ``u^T W v`` is close to ``|W v|`` and
+                   ``|W^T u|``, while for the random vectors of a fresh layer it is
+                   about ``1/sqrt(rows)`` of them.  Computed once per module, on its
+                   device, with two matrix-vector products.
 
 The first-forward bookkeeping is a dict lookup by ``id`` per forward; entries leave
 with their module (a weak reference's callback), so a new module that reuses a dead
@@ -65,10 +73,41 @@ def spectral_norm_kind(module: torch.nn.Module) -> str | None:
     return None
 
 
+#: ``u^T W v / max(|W v|, |W^T u|)`` from which an estimate counts as refined.  Tried on
+#: Linear layers 32x32 to 256x256, 1x16, 16x1 and 128x2 (50 seeds each): one power
+#: iteration gives 0.84 or more, three give 0.96 or more, fresh random vectors at most
+#: 0.56 (single-row weights; about 1/sqrt(rows) otherwise).
+REFINED_ALIGNMENT = 0.75
+
+
+def spectral_estimate_refined(module: torch.nn.Module) -> bool | None:
+    """Whether a hook-based spectral norm's ``u``/``v`` fit its weight; None if unknown."""
+    for hook in module._forward_pre_hooks.values():
+        if not isinstance(hook, SpectralNorm):
+            continue
+        try:
+            with torch.no_grad():
+                weight = getattr(module, hook.name + "_orig")
+                matrix = hook.reshape_weight_to_matrix(weight).float()
+                u = getattr(module, hook.name + "_u").float()
+                v = getattr(module, hook.name + "_v").float()
+                weight_v = torch.mv(matrix, v)
+                scale = torch.maximum(weight_v.norm(), torch.mv(matrix.t(), u).norm())
+                alignment = (torch.dot(u, weight_v) / scale).item() if scale.item() > 0 else None
+        except (AttributeError, RuntimeError, ValueError):  # meta/fake tensors, odd subclasses
+            return None
+        return None if alignment is None or alignment != alignment else alignment >= REFINED_ALIGNMENT
+    return None
+
+
 def first_forward_context(module: torch.nn.Module) -> dict[str, Any]:
     """The ``ctx`` entries of a module's first forward (see the module docstring)."""
     facts: dict[str, Any] = {"first_forward": True}
     kind = spectral_norm_kind(module)
     if kind is not None:
         facts["spectral_norm"] = kind
+    if kind == "hook":
+        refined = spectral_estimate_refined(module)
+        if refined is not None:
+            facts["spectral_norm_refined"] = refined
     return facts

@@ -337,7 +337,11 @@ class Tracer:
             name, mtype = self._forward_names(type(module))
             ctx = self._ctx()
             if self._first_forwards.is_first(module):
-                ctx.update(first_forward_context(module))
+                tls.busy = True  # its torch work (spectral-norm check) is ours, not the user's
+                try:
+                    ctx.update(first_forward_context(module))
+                finally:
+                    tls.busy = False
             self._record(
                 {
                     "kind": "call",

@@ -10,7 +10,7 @@ from torch import nn
 
 import producers
 from invariants.events import validate_batch
-from producers.module_facts import FirstForwards, first_forward_context, spectral_norm_kind
+from producers.module_facts import FirstForwards, first_forward_context, spectral_estimate_refined, spectral_norm_kind
 from producers.report import read_trace_dir
 
 warnings.filterwarnings("ignore", category=FutureWarning)  # the legacy spectral_norm API is the subject
@@ -39,6 +39,29 @@ def test_spectral_norm_is_recognised_in_both_implementations():
     assert first_forward_context(nn.ReLU()) == {"first_forward": True}
 
 
+def test_a_spectral_norm_estimate_counts_as_refined_once_it_fits_the_weight():
+    torch.manual_seed(0)
+    for rows, cols in ((32, 32), (1, 16), (16, 1), (8, 64)):
+        fresh = nn.utils.spectral_norm(nn.Linear(cols, rows))
+        assert spectral_estimate_refined(fresh) is False, (rows, cols)
+        fresh(torch.randn(2, cols))  # one training-mode power iteration
+        assert spectral_estimate_refined(fresh) is True, (rows, cols)
+    conv = nn.utils.spectral_norm(nn.Conv2d(4, 8, 3))
+    assert spectral_estimate_refined(conv) is False
+    conv(torch.randn(1, 4, 5, 5))
+    assert spectral_estimate_refined(conv) is True
+    # a resumed run: u/v come from the checkpoint
+    trained = nn.utils.spectral_norm(nn.Linear(16, 16))
+    for _ in range(20):
+        trained(torch.randn(2, 16))
+    resumed = nn.utils.spectral_norm(nn.Linear(16, 16))
+    resumed.load_state_dict(trained.state_dict())
+    assert first_forward_context(resumed) == {"first_forward": True, "spectral_norm": "hook",
+                                              "spectral_norm_refined": True}
+    assert spectral_estimate_refined(nn.Linear(3, 3)) is None
+    assert spectral_estimate_refined(nn.utils.spectral_norm(nn.Linear(3, 3, device="meta"))) is None
+
+
 def test_first_forward_is_reported_once_per_live_instance():
     firsts = FirstForwards()
     layer = nn.Linear(2, 2)
@@ -55,22 +78,24 @@ def test_first_forward_events_carry_the_facts_and_later_ones_do_not(tmp_path):
     with producers.instrument(run_id="r-first", trace_dir=tmp_path):
         torch.manual_seed(0)
         model = nn.Sequential(nn.utils.spectral_norm(nn.Linear(3, 4)), nn.ReLU(), nn.Linear(4, 1))
-        late = nn.utils.spectral_norm(nn.Linear(1, 1))  # joins at the second step, in eval mode
+        late = nn.utils.spectral_norm(nn.Linear(4, 3))  # joins at the second step, in eval mode
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         for step in range(3):
             if step == 1:
                 late.eval()
                 with torch.no_grad():
-                    late(torch.randn(2, 1))
+                    late(torch.randn(2, 4))
             optimizer.zero_grad()
             model(torch.randn(4, 3)).pow(2).mean().backward()
             optimizer.step()
     pres = _forward_pres(tmp_path)
-    firsts = [(step, e["module"], e["mtype"], e["training"], e["ctx"].get("spectral_norm"))
-              for step, e in pres if e["ctx"].get("first_forward")]
-    assert firsts == [(0, "", "Sequential", True, None), (0, "0", "Linear", True, "hook"),
-                      (0, "1", "ReLU", True, None), (0, "2", "Linear", True, None),
-                      (1, "", "Linear", False, "hook")]
+    firsts = [(step, e["module"], e["mtype"], e["training"], e["ctx"].get("spectral_norm"),
+               e["ctx"].get("spectral_norm_refined")) for step, e in pres if e["ctx"].get("first_forward")]
+    assert firsts == [(0, "", "Sequential", True, None, None), (0, "0", "Linear", True, "hook", False),
+                      (0, "1", "ReLU", True, None, None), (0, "2", "Linear", True, None, None),
+                      (1, "", "Linear", False, "hook", False)]
+    # the check's own torch calls are not recorded as the user's
+    assert not [e for _, e in pres if e["ctx"].get("first_forward") and e["mtype"] not in ("Sequential", "Linear", "ReLU")]
     assert all(e["ctx"]["first_forward"] is True for _, e in pres if "first_forward" in e["ctx"])
     # steady state: later forwards carry the plain context only
     later = [e for step, e in pres if step == 2]

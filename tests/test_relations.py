@@ -430,10 +430,11 @@ def test_spectral_norm_layers_first_forward_in_training_mode_in_any_stage():
              _first_forwards_batch(3, [("grown", True, {}), ("d.0", True, {})])]
     violations = check(rules, buggy)
     assert [(v.step, v.evidence["first"]["module"]) for v in violations] == [(2, "grown")]
-    # eval-first modules without spectral norm (a frozen backbone), and the parametrization-based
-    # implementation (refined when registered), are not judged
+    # eval-first modules without spectral norm (a frozen backbone), the parametrization-based
+    # implementation (refined when registered) and layers resumed from a checkpoint are not judged
     others = [_first_forwards_batch(0, [("backbone", False, FIRST),
-                                        ("head", False, {"first_forward": True, "spectral_norm": "parametrization"})],
+                                        ("head", False, {"first_forward": True, "spectral_norm": "parametrization"}),
+                                        ("disc", False, dict(SN_HOOK, spectral_norm_refined=True))],
                                     stage="eval")]
     assert check(rules, others) == []
 

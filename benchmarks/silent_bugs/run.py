@@ -37,7 +37,7 @@ RESULTS = REPO / "benchmarks" / "RESULTS.md"
 BEGIN, END = "<!-- silent-bugs:begin -->", "<!-- silent-bugs:end -->"
 TWIN_INFERENCE_SEED = 1
 #: wall time of the latest from-scratch run (``--jobs 2``), quoted when traces are reused
-FROM_SCRATCH_MINUTES = 16
+FROM_SCRATCH_MINUTES = 11
 
 
 def collect_bug_runs(case: BugCase, work: Path, reuse: bool) -> dict[str, CollectResult]:
@@ -48,8 +48,23 @@ def collect_bug_runs(case: BugCase, work: Path, reuse: bool) -> dict[str, Collec
         if reuse and trace_dir.is_dir() and any(trace_dir.glob("*.twtrace")):
             results[label] = CollectResult(trace_dir, 0, 0.0, "reused")
             continue
-        results[label] = collect(case.command(sys.executable, bug=bug, seed=seed), trace_dir, f"{case.id}-{label}")
+        results[label] = collect_with_traces(case.command(sys.executable, bug=bug, seed=seed), trace_dir,
+                                             f"{case.id}-{label}")
     return results
+
+
+def collect_with_traces(command: list[str], trace_dir: Path, run_id: str) -> CollectResult:
+    """A run that leaves no trace would be scored as a clean twin or a missed bug: retry it
+    once, then stop the benchmark with the collector's output."""
+    result = collect(command, trace_dir, run_id)
+    if result.returncode == 0 and any(trace_dir.glob("*.twtrace")):
+        return result
+    print(f"warning: {run_id} left no trace (exit {result.returncode}); collecting again:\n{result.output_tail}",
+          file=sys.stderr, flush=True)
+    result = collect(command, trace_dir, run_id)
+    if result.returncode != 0 or not any(trace_dir.glob("*.twtrace")):
+        raise RuntimeError(f"{run_id}: no trace in {trace_dir} (exit {result.returncode}):\n{result.output_tail}")
+    return result
 
 
 def evaluate_bug(case: BugCase, runs: dict[str, CollectResult], work: Path, default_set: Path | None) -> dict:

@@ -29,7 +29,7 @@ Record = dict[str, Any]
 #: facts about the module, not the execution context; only the first-forward rule
 #: (`stage_rules.TrainingFlag`) reads them, and as precondition fields they would only
 #: split every other rule's step-0 examples into new shapes.
-FIRST_FORWARD_FACTS = frozenset({"first_forward", "spectral_norm"})
+FIRST_FORWARD_FACTS = frozenset({"first_forward", "spectral_norm", "spectral_norm_refined"})
 #: grad_norm / data_norm above which an optimizer step is expected to move float32 weights
 SIGNIFICANT_GRAD_RATIO = 1e-4
 

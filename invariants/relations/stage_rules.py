@@ -31,9 +31,11 @@
     so an evaluation forward that comes first divides the weight by a sigma estimated
     from random vectors (PyTorch issue 51800).  Nothing else about that forward looks
     wrong, which is why the rule needs to know it was the first.  The rule binds in
-    every stage, precision and grad mode, so its examples carry no context; the
-    parametrization-based ``spectral_norm`` refines its estimate when it is registered
-    and is not a site.
+    every stage, precision and grad mode, so its examples carry no context.  Not sites:
+    a layer whose estimate already fits its weight (``ctx.spectral_norm_refined``:
+    loaded from a checkpoint, as when a resumed run validates before it trains), and
+    the parametrization-based ``spectral_norm``, which refines its estimate when it is
+    registered.
 """
 
 from __future__ import annotations
@@ -252,7 +254,9 @@ class TrainingFlag(Template):
         if not isinstance(ctx, dict) or ctx.get("first_forward") is not True or not isinstance(flag, bool):
             return None
         norm = ctx.get("spectral_norm")
-        if norm not in LAZY_SPECTRAL_NORMS:
+        # u/v that already fit the weight (loaded from a checkpoint) make an eval-first
+        # forward harmless; unknown counts as unrefined, as for a fresh layer
+        if norm not in LAZY_SPECTRAL_NORMS or ctx.get("spectral_norm_refined") is True:
             return None
         family = ("first_forward", MODULE_FORWARD, norm)
         if families is not None and family not in families:
