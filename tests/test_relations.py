@@ -439,6 +439,16 @@ def test_spectral_norm_layers_first_forward_in_training_mode_in_any_stage():
     assert check(rules, others) == []
 
 
+def test_first_forward_rule_params_are_validated():
+    from invariants.relations import TEMPLATES
+
+    flag = TEMPLATES["TrainingFlag"]
+    assert flag.validate_params(SPECTRAL_FIRST_FORWARD) is None
+    assert flag.validate_params({k: v for k, v in SPECTRAL_FIRST_FORWARD.items() if k != "spectral_norm"}) == "spectral_norm"
+    assert flag.validate_params(dict(SPECTRAL_FIRST_FORWARD, first_forward="yes")) == "first_forward"
+    assert flag.validate_params(dict(SPECTRAL_FIRST_FORWARD, training="true")) == "training"
+
+
 def test_first_forward_rule_is_not_learned_from_an_eval_first_reference():
     inferencer = Inferencer(["TrainingFlag"])
     inferencer.add_trace([_first_forwards_batch(0, [("a", False, SN_HOOK), ("b", False, SN_HOOK)], stage="eval"),
