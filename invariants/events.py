@@ -25,8 +25,11 @@ kind-specific fields:
            ``pre:torch.optim.Adam.step``), ``cid`` (the call it brackets, if any),
            ``attrs`` (shape, dtype, device, requires_grad, data/grad digests, norms).
 ``step``   ``phase`` (``begin`` | ``end``).
-``meta``   ``what`` (``run_start`` | ``run_end`` | ``producer_stats`` | ...), plus
-           free-form fields (versions, argv, dropped event counts).
+``meta``   ``what`` (``run_start`` | ``run_end`` | ``producer_stats`` |
+           ``dataloader_workers`` | ...), plus free-form fields (versions, argv,
+           dropped event counts; ``workers``: how many forked DataLoader workers this
+           step started, each of which sends one batch holding its
+           ``torch.utils.data.worker_init`` call for the same step).
 
 A value summary is a scalar (None, bool, int, float, str), a short list of
 summaries, or a dict with a ``"T"`` key naming the summarised type (``"tensor"``
@@ -193,6 +196,12 @@ def validate_batch(batch: Any) -> Batch:
         if not _event_is_valid(event):
             validate_event(event, f"batch.events[{index}]")
     return batch
+
+
+#: The call a DataLoader worker reports its seeds with, and the meta event by which the
+#: rank that forked the workers announces them (see the ``meta`` kind above).
+WORKER_INIT_API = "torch.utils.data.worker_init"
+DATALOADER_WORKERS_META = "dataloader_workers"
 
 
 def is_step_end(event: Event) -> bool:

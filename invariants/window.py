@@ -16,6 +16,10 @@ Kept per rank:
             which calls happen inside which (EventContain with a call child)
 ``states``  ``at -> call key -> name -> attrs`` snapshots at planned points
 ``ended``   the rank reported this step's end; ``stage`` its stage at that time
+``workers`` DataLoader workers the rank announced for this step, and the pids of
+            those that reported: a window is complete only once they all did, since
+            their batches travel on their own connections and arrive after the
+            rank's step end (a rule about distinct worker seeds needs all of them)
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Any, Iterable
 
 import msgpack
 
-from .events import Batch
+from .events import DATALOADER_WORKERS_META, WORKER_INIT_API, Batch
 
 #: Snapshot attributes worth keeping for preconditions and evidence, besides digests.
 BASE_STATE_ATTRS = ("requires_grad", "dtype", "mtype", "is_leaf", "shape")
@@ -114,6 +118,10 @@ class WindowState:
                 if api.__class__ is not str or not api:
                     api = event["name"]
                 phase = event["phase"]
+                if api == WORKER_INIT_API:
+                    reported = facts.setdefault("worker_pids", [])
+                    if event["pid"] not in reported:
+                        reported.append(event["pid"])
                 if keep_links and phase == "pre":
                     key = f"{event.get('pid', 0)}:{event['cid']}"
                     parent = event.get("parent")
@@ -158,6 +166,10 @@ class WindowState:
                 if event["phase"] == "end":
                     facts["ended"] = True
                     facts["stage"] = event.get("stage", facts["stage"])
+            elif kind == "meta" and event["what"] == DATALOADER_WORKERS_META:
+                announced = event.get("workers")
+                if announced.__class__ is int and announced > 0:
+                    facts["workers_expected"] = facts.get("workers_expected", 0) + announced
         # until the step ends, a rank's stage is that of its latest event
         if not facts["ended"] and events and events[-1]["stage"]:
             facts["stage"] = events[-1]["stage"]
@@ -216,8 +228,13 @@ class WindowState:
     def missing_ranks(self) -> list[int]:
         return [r for r in range(self.world) if not self.ranks.get(r, {}).get("ended")]
 
+    def missing_workers(self) -> int:
+        """Announced DataLoader workers of this step that have not reported yet."""
+        return sum(max(0, facts.get("workers_expected", 0) - len(facts.get("worker_pids", ())))
+                   for facts in self.ranks.values())
+
     def is_complete(self) -> bool:
-        return self.world > 0 and not self.missing_ranks()
+        return self.world > 0 and not self.missing_ranks() and not self.missing_workers()
 
     def stage(self) -> str:
         """The window's stage: the most common stage among the ranks that reported."""

@@ -19,6 +19,8 @@ from typing import Any, Callable
 import torch
 from torch.overrides import TorchFunctionMode, resolve_name
 
+from invariants.events import DATALOADER_WORKERS_META
+
 from .patching import PatchHandle, patch_attribute
 from .selection import (
     COLLECTIVES,
@@ -263,6 +265,7 @@ def install(tracer: Tracer, selection: Selection, on_rank_change: Callable[[], N
                 continue
             handles.append(patch_attribute(owner, attr, _make_call_wrapper(tracer, spec, on_post)))
     handles.append(_patch_worker_loop(tracer))
+    handles.append(_patch_worker_start(tracer))
     mode_targets = _mode_targets(selection)
     if selection.full or mode_targets:
         wrapped = frozenset(
@@ -292,6 +295,42 @@ def _mode_targets(selection: Selection) -> list[Any]:
         if callable(target) and not isinstance(target, type):
             targets.append(target)
     return targets
+
+
+def _patch_worker_start(tracer: Tracer) -> PatchHandle:
+    """Announce forked DataLoader workers in the step that starts them.
+
+    Each worker sends its seeds in a batch of its own, over its own connection, so it
+    reaches a stream checker after the rank's step end.  The announcement tells the
+    checker how many such batches to wait for before it judges the step (rules about
+    distinct worker seeds need them all).  Only forked workers are announced: a
+    worker started by ``spawn`` or ``forkserver`` does not inherit the step counter.
+    """
+    from torch.utils.data import dataloader as dataloader_module
+
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        def start_workers(self: Any, loader: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                workers = int(getattr(loader, "num_workers", 0) or 0)
+                if workers > 0 and tracer.enabled and _forks(loader):
+                    tracer.record_meta(DATALOADER_WORKERS_META, workers=workers)
+            except Exception as exc:
+                tracer.internal_error("DataLoader worker announcement", exc)
+            return original(self, loader, *args, **kwargs)
+
+        return start_workers
+
+    return patch_attribute(dataloader_module._MultiProcessingDataLoaderIter, "__init__", make)
+
+
+def _forks(loader: Any) -> bool:
+    import multiprocessing
+
+    context = getattr(loader, "multiprocessing_context", None)
+    if context is None:  # the platform default, read without fixing it (the first listed)
+        return (multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]) == "fork"
+    method = context if isinstance(context, str) else context.get_start_method()
+    return method == "fork"
 
 
 def _patch_worker_loop(tracer: Tracer) -> PatchHandle:

@@ -136,6 +136,11 @@ class StepRecorder:
     def sink_stats(self) -> dict[str, SinkStats]:
         return {sink.name: sink.stats() for sink in self.sinks}
 
+    def wait_delivered(self, timeout_s: float) -> bool:
+        """Block (at most ``timeout_s``) until the sinks delivered what was flushed."""
+        deadline = time.monotonic() + timeout_s
+        return all([sink.wait_delivered(max(deadline - time.monotonic(), 0.0)) for sink in self.sinks])
+
     def close_sinks(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         for sink in self.sinks:

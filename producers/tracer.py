@@ -38,6 +38,8 @@ from .workers import worker_seed_report
 
 SNAPSHOT_APIS = frozenset({OPTIMIZER_STEP, OPTIMIZER_ZERO_GRAD})
 REFRESH_EVERY_STEPS = 16
+#: How long a DataLoader worker waits, once at its start, for its seed report to be delivered.
+WORKER_REPORT_DELIVERY_S = 2.0
 
 
 def _is_compiling() -> bool:
@@ -510,6 +512,10 @@ class Tracer:
         )
         self.recorder.append(event)
         self.recorder.flush_partial()
+        # A worker's only batch must not wait for the worker's exit: the workers still
+        # running when training ends are terminated, not shut down, and a stream checker
+        # holds the step open until every announced worker has reported.
+        self.recorder.wait_delivered(WORKER_REPORT_DELIVERY_S)
 
     def reset_after_fork(self) -> None:
         """A forked child (DataLoader worker) inherits our state: make it quiet and fresh."""

@@ -46,6 +46,27 @@ def test_window_closes_when_every_rank_reports_the_step_end():
     assert engine.evaluate(window, RunState("run-a")) == []
 
 
+def test_window_waits_for_the_dataloader_workers_a_rank_announced():
+    """Forked workers report over their own connections, after their rank's step end;
+    a step judged without them could not see two workers sharing a seed."""
+    engine = Engine(InvariantSet([CROSS_RANK]))
+    window = engine.new_window("run-a", 0)
+    rank_events = [{"kind": "meta", "t": 1, "pid": 10, "tid": 1, "stage": "train", "what": "dataloader_workers",
+                    "workers": 2},
+                   {"kind": "step", "t": 2, "pid": 10, "tid": 1, "stage": "train", "phase": "end"}]
+    engine.add_batch(window, {"v": 1, "run": "run-a", "rank": 0, "world": 1, "step": 0, "seq": 0,
+                              "events": rank_events})
+    assert window.missing_ranks() == [] and window.missing_workers() == 2
+    assert not engine.is_complete(window)
+    for pid in (11, 11, 12):  # a worker's second batch does not count twice
+        report = {"kind": "call", "t": 3, "pid": pid, "tid": 1, "stage": "train", "name": "worker_loop",
+                  "api": "torch.utils.data.worker_init", "phase": "post", "cid": 1, "args": {"worker_id": pid}}
+        engine.add_batch(window, {"v": 1, "run": "run-a", "rank": 0, "world": 1, "step": 0, "seq": 0,
+                                  "events": [report]})
+        assert engine.is_complete(window) is (pid == 12)
+    assert WindowState.from_bytes(window.to_bytes()).missing_workers() == 0
+
+
 def test_rank_missing_at_close_is_reported_with_the_ranks_that_did_report():
     run = SyntheticRun(world=3, steps=3, faults=[Fault("missing_rank", 1, rank=2)])
     windows = StepWindows(Engine(InvariantSet([CROSS_RANK])))

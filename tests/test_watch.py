@@ -98,3 +98,34 @@ def test_watch_usage_errors(args, message, clean_env):
     result = _watch(args, clean_env, timeout=60)
     assert result.returncode == 2
     assert message in result.stderr
+
+
+SAME_AUGMENTATION = [sys.executable, str(ROOT / "benchmarks" / "silent_bugs" / "dataloader_same_augmentation.py"),
+                     "--onset", "3", "--steps", "6"]
+
+
+@pytest.mark.parametrize("buggy", [True, False], ids=["bug", "healthy-twin"])
+def test_watch_judges_a_step_only_after_its_dataloader_workers_reported(kafka_broker, clean_env, buggy):
+    """Forked DataLoader workers send their seeds over their own connections, after the
+    rank's step end.  The step waits for them, so two workers sharing one augmentation
+    RNG are caught live exactly as offline; none of their batches counts as late."""
+    port = free_port()
+    poller = MetricsPoller(f"http://127.0.0.1:{port}/metrics")
+    poller.start()
+    run_id = f"same-aug-{'bug' if buggy else 'ok'}"
+    try:
+        result = _watch(["--bootstrap", kafka_broker.bootstrap, "--metrics-port", str(port), "--run-id", run_id,
+                         "--", *SAME_AUGMENTATION, *(["--bug"] if buggy else [])], clean_env)
+    finally:
+        poller.done.set()
+        poller.join(5)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("VIOLATION")]
+    assert metric(poller.latest, "trainwatch_late_batches_total", run=run_id) == 0
+    assert metric(poller.latest, "trainwatch_missing_rank_windows_total", run=run_id) == 0
+    if buggy:
+        assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-3000:]
+        assert any(f"run={run_id} step=3 " in line and "[APIArg]" in line and "worker_init" in line
+                   for line in lines), lines
+    else:
+        assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+        assert lines == []

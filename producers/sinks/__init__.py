@@ -41,6 +41,10 @@ class Sink(Protocol):
     def close(self, timeout_s: float) -> None:
         """Deliver what is pending within ``timeout_s``; count the rest as dropped."""
 
+    def wait_delivered(self, timeout_s: float) -> bool:
+        """Block until every batch written so far is delivered or written off, at most
+        ``timeout_s``; True if nothing is pending any more."""
+
 
 from .file import FileSink  # noqa: E402
 from .kafka import KafkaSink, kafka_settings_from_env  # noqa: E402

@@ -11,12 +11,15 @@ partition), value the encoded batch.
 
 from __future__ import annotations
 
+import functools
+import importlib
 import logging
 import os
 import queue
 import socket
 import threading
 import time
+import weakref
 from typing import Any, Callable, Mapping
 
 from invariants.events import Batch, batch_key
@@ -37,6 +40,20 @@ def kafka_settings_from_env(environ: Mapping[str, str] | None = None) -> dict[st
     """SASL/SSL producer settings from ``TRAINWATCH_KAFKA_*`` (secrets stay out of argv)."""
     environ = os.environ if environ is None else environ
     return {option: environ[var] for var, option in _ENV_SECURITY.items() if environ.get(var)}
+
+
+def _finish_client_import(sink_ref: "weakref.ref[KafkaSink]") -> None:
+    """Before a fork: let a sender thread that is importing kafka-python finish.
+
+    The sender imports the client lazily, off the training thread.  A fork in the
+    middle of that import (a DataLoader starting its workers) leaves the child with a
+    half-initialised ``kafka`` module that can never be imported again there, and the
+    worker's report is lost.  Importing here waits on the module's import lock until
+    the sender's import is complete (and is a dictionary lookup once it is).
+    """
+    sink = sink_ref()
+    if sink is not None and sink._thread is not None:
+        importlib.import_module("kafka")
 
 
 class KafkaSink:
@@ -60,6 +77,9 @@ class KafkaSink:
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_max)
         self._stats = SinkStats()
         self._lock = threading.Lock()
+        self._settled_cv = threading.Condition(self._lock)
+        self._accepted = 0  # batches queued by `write`
+        self._finished = 0  # of those, delivered or written off
         self._in_flight = 0  # handed to the client, no delivery report yet
         self._thread: threading.Thread | None = None
         self._on_client_created = on_client_created
@@ -67,6 +87,7 @@ class KafkaSink:
         self.connect_errors = 0
         self.last_error: str | None = None
         self._closed = False
+        os.register_at_fork(before=functools.partial(_finish_client_import, weakref.ref(self)))
 
     # -- training-thread side -------------------------------------------------------
     def write(self, batch: Batch, payload: bytes) -> None:
@@ -80,6 +101,15 @@ class KafkaSink:
             self._queue.put_nowait((batch_key(batch["run"], batch["step"]), payload, events))
         except queue.Full:
             self._count_drop(events)
+            return
+        with self._lock:
+            self._accepted += 1
+
+    def wait_delivered(self, timeout_s: float) -> bool:
+        with self._settled_cv:
+            target = self._accepted
+            return self._settled_cv.wait_for(lambda: self._finished >= target or self._closed,
+                                             max(timeout_s, 0.0))
 
     def stats(self) -> SinkStats:
         with self._lock:
@@ -109,11 +139,14 @@ class KafkaSink:
                 self._stats.dropped_batches += self._in_flight
                 self._in_flight = 0
                 self._in_flight_events = 0
+            self._settled_cv.notify_all()  # `_closed` releases anyone waiting for delivery
 
     def forget_after_fork(self) -> None:
         """In a forked child the sender thread does not exist: start over, quietly."""
         self._queue = queue.Queue(maxsize=self._queue.maxsize)
         self._lock = threading.Lock()
+        self._settled_cv = threading.Condition(self._lock)
+        self._accepted = self._finished = 0
         self._stats = SinkStats()
         self._thread = None
         self._in_flight = 0
@@ -223,6 +256,8 @@ class KafkaSink:
                 return  # already written off at close
             self._in_flight -= 1
             self._in_flight_events -= events
+            self._finished += 1
+            self._settled_cv.notify_all()
             if delivered:
                 self._stats.sent_batches += 1
                 self._stats.sent_events += events
