@@ -44,6 +44,7 @@ from invariants.trends import TrendMonitor, TrendRules
 
 from .config import CheckerConfig
 from .end_offsets import FetchHighwaterProbe, HighwaterTransport
+from .input_order import InputOrder
 from .stall_guard import StallGuard
 from .engine_port import EnginePort
 from .metrics import CheckerMetrics
@@ -174,8 +175,13 @@ class StreamChecker:
         self._open: dict[bytes, tuple[float, int]] = {}
         self._closed: dict[bytes, tuple[float, int]] = {}
         self._ticks = 0
-        self._stall_guard = StallGuard(self.app, (names.events, names.window_ticks),
-                                       getattr(self.app.transport, "highwater_probe", None))
+        # Records lost between Faust's fetcher and the agent are read again (`input_order`),
+        # and no offset commit passes a record the agent has not handled.
+        probe = getattr(self.app.transport, "highwater_probe", None)
+        self._input_order = InputOrder(self.app, (names.events, names.window_ticks), probe)
+        if hasattr(self.app.transport, "commit_gate"):
+            self.app.transport.commit_gate = self._input_order
+        self._stall_guard = StallGuard(self.app, self._input_order, probe)
         self.app.agent(self.input_topic, name=f"{config.app_id}.check-windows")(self._check_windows)
         self.app.agent(self.summaries_topic, name=f"{config.app_id}.trend-monitors")(self._monitor_trends)
         self.app.timer(config.tick_interval_seconds)(self._tick)
@@ -190,7 +196,10 @@ class StreamChecker:
                 # timer (and the lag gauges) would starve under sustained load.
                 await asyncio.sleep(0)
             message = event.message
-            self._stall_guard.handled(message.tp, message.offset)
+            order = self._input_order
+            if not order.in_order(message.tp, message.offset, message.generation_id) \
+                    and not await order.admit(message.tp, message.offset, message.generation_id):
+                continue  # a record before it was lost on the way; it is being read again
             try:
                 if message.topic == self.names.window_ticks:
                     await self._on_tick(message)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Protocol
 
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
@@ -84,6 +84,39 @@ class FetchHighwaterProbe:
             consumer.close(autocommit=False)
 
 
+    def first_offset_from(self, tp: TP, offset: int) -> int | None:
+        """The offset of the first record at or after ``offset`` that the broker hands out
+        (blocking; None when the partition has none there or did not answer in time).
+
+        An offset deleted by retention is answered from the partition's beginning.
+        """
+        from kafka import KafkaConsumer, TopicPartition
+
+        kafka_tp = TopicPartition(tp.topic, tp.partition)
+        consumer = KafkaConsumer(
+            bootstrap_servers=self.bootstrap_servers,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_partition_fetch_bytes=1,
+            fetch_max_wait_ms=50,
+            **self.client_kwargs,
+        )
+        try:
+            consumer.assign([kafka_tp])
+            consumer.seek(kafka_tp, offset)
+            deadline = time.monotonic() + self.timeout_s
+            while time.monotonic() < deadline:
+                records = consumer.poll(timeout_ms=100, max_records=1).get(kafka_tp)
+                if records:
+                    return int(records[0].offset)
+                highwater = consumer.highwater(kafka_tp)
+                if highwater is not None and highwater <= consumer.position(kafka_tp):
+                    return None
+            return None
+        finally:
+            consumer.close(autocommit=False)
+
+
 class _HighwaterConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
     """Faust's consumer thread with end offsets checked against fetch high-watermarks."""
 
@@ -104,17 +137,45 @@ class _HighwaterConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
                          tp, listed.get(tp), fetched[tp])
         return {**listed, **fetched}
 
+    async def committed_offset(self, tp: TP) -> int | None:
+        """The group's committed offset of ``tp`` as the broker has it (None: never committed)."""
+        return await self.call_thread(self._ensure_consumer().committed, tp)
+
+
+class CommitLimit(Protocol):
+    def commit_limit(self, tp: TP, offset: int) -> int | None: ...
+
 
 class _HighwaterConsumer(faust_aiokafka.Consumer):
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return _HighwaterConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
+    async def committed_offset(self, tp: TP) -> int | None:
+        return await self._thread.committed_offset(tp)  # type: ignore[attr-defined]
+
+    def _filter_committable_offsets(self, tps: Iterable[TP]) -> dict[TP, int]:
+        """Faust's commit offsets, capped by what the agent has really handled (`InputOrder`)."""
+        offsets = super()._filter_committable_offsets(tps)
+        gate: CommitLimit | None = getattr(self.transport, "commit_gate", None)
+        if gate is None:
+            return offsets
+        capped: dict[TP, int] = {}
+        for tp, offset in offsets.items():
+            limit = gate.commit_limit(tp, offset)
+            if limit is not None and self._should_commit(tp, limit):
+                capped[tp] = limit
+        return capped
+
 
 class HighwaterTransport(faust_aiokafka.Transport):
-    """The aiokafka transport whose consumers bound recovery by fetch high-watermarks."""
+    """The aiokafka transport whose consumers bound recovery by fetch high-watermarks.
+
+    ``commit_gate``, when set, caps every offset commit (see `InputOrder.commit_limit`).
+    """
 
     Consumer = _HighwaterConsumer
 
     def __init__(self, *args: Any, highwater_probe: FetchHighwaterProbe | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.highwater_probe = highwater_probe
+        self.commit_gate: CommitLimit | None = None

@@ -13,6 +13,10 @@ high-watermark (`FetchHighwaterProbe`) says records are waiting, is sought to th
 offset again.  A seek resets the partition's fetch state, so the consumer fetches it
 anew.  Re-reading is harmless: a batch already folded is recognised by its
 ``(rank, pid, seq)`` and a tick is idempotent.
+
+The expected offset is the agent's own (`InputOrder`), never Faust's read offset: that
+one also counts records that were fetched and then dropped from the agent's buffer
+(see `input_order`), and seeking to it would skip them.
 """
 
 from __future__ import annotations
@@ -20,11 +24,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 from faust.types import TP
 
 from .end_offsets import FetchHighwaterProbe
+from .input_order import InputOrder
 
 log = logging.getLogger("trainwatch.checker")
 
@@ -35,22 +40,17 @@ STALL_SECONDS = 6.0
 class StallGuard:
     """Tracks where each input partition's consumption stands and re-seeks stalled ones."""
 
-    def __init__(self, app: Any, topics: Iterable[str], probe: FetchHighwaterProbe | None,
+    def __init__(self, app: Any, order: InputOrder, probe: FetchHighwaterProbe | None,
                  clock: Callable[[], float] = time.monotonic, stall_seconds: float = STALL_SECONDS) -> None:
         self.app = app
-        self.topics = frozenset(topics)
+        self.order = order
+        self.topics = order.topics
         self.probe = probe
         self.clock = clock
         self.stall_seconds = stall_seconds
-        #: tp -> next offset the agent expects (last handled offset + 1)
-        self._next: dict[TP, int] = {}
         #: tp -> (expected offset, since when it has not moved)
         self._since: dict[TP, tuple[int | None, float]] = {}
         self._busy = False
-
-    def handled(self, tp: TP, offset: int) -> None:
-        """Called by the agent for every input message it handles."""
-        self._next[tp] = offset + 1
 
     async def check(self) -> list[TP]:
         """Re-seek assigned input partitions that stalled with records waiting; returns them."""
@@ -69,16 +69,18 @@ class StallGuard:
         for tp in list(self._since):
             if tp not in assigned:
                 self._since.pop(tp, None)
-                self._next.pop(tp, None)
+        self.order.forget(assigned)
         quiet: dict[TP, int] = {}
-        # Faust's read offset is the last offset its fetcher handed to the agent (or, right
-        # after a seek, the offset it will read next): it moves even while the agent lags
-        # behind its buffer, so a busy agent is not mistaken for a stalled fetcher.
-        read_offsets = getattr(consumer, "_read_offset", {})
         committed_offsets = getattr(consumer, "_committed_offset", {})
         for tp in assigned:
-            candidates = [self._next.get(tp), read_offsets.get(tp), committed_offsets.get(tp)]
-            expected = max((c for c in candidates if isinstance(c, int) and c >= 0), default=0)
+            # A busy agent moves its expected offset with every record, so only a partition
+            # whose records stopped reaching the agent stays put.  Before the first record
+            # of an assignment the agent has to start at the committed offset (or at the
+            # beginning: a re-read is harmless, a skipped record is not).
+            expected = self.order.expected(tp)
+            if expected is None:
+                committed = committed_offsets.get(tp)
+                expected = committed if isinstance(committed, int) and committed >= 0 else 0
             previous = self._since.get(tp)
             if previous is None or previous[0] != expected:
                 self._since[tp] = (expected, now)
