@@ -145,7 +145,9 @@ def cpu_ceiling(steps: int, layers: int) -> dict:
     from invariants.step_summary import StepSummaryBuilder
     from stream_checkers.engine_port import EnginePort
     from stream_checkers.window_record import WindowRecord
+    from stream_checkers.worker import tune_gc_for_streaming
 
+    tune_gc_for_streaming()  # as a worker does
     records, total_events = make_run("cpu", steps, layers)
     engine = EnginePort.load(None)
     run_state = engine.new_run_state("cpu")
