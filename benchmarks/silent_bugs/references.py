@@ -51,6 +51,5 @@ REFERENCES: tuple[Reference, ...] = (
     Reference("tiny_transformer_lm", "examples/tiny_transformer_lm.py"),
     Reference("ddp_gloo", "examples/ddp_gloo.py", TORCHRUN_2),
     Reference("spawn_ddp", "examples/spawn_ddp.py", SELF_SPAWN),
-    # Pipelines the examples do not cover yet, kept next to the benchmark.
-    Reference("sngan_hinge", "benchmarks/silent_bugs/reference_pipelines/sngan_hinge.py"),
+    Reference("sngan_hinge", "examples/sngan_hinge.py"),
 )
