@@ -47,3 +47,12 @@ def test_reminders_of_one_step_share_a_line():
     assert len(second) == 1
     assert "step=4" in second[0] and "still violated: 3 invariants, 2 steps each since step 3" in second[0]
     assert folder.lines_for_step([_violation(5, r) for r in rules]) == []
+
+
+def test_an_earlier_step_arriving_late_is_printed_in_full_as_the_onset():
+    folder = RepeatFolder()
+    assert "step=4" in folder.lines_for(_violation(4))[0]
+    late_onset = folder.lines_for(_violation(3))
+    assert len(late_onset) == 1 and "step=3" in late_onset[0] and "still violated" not in late_onset[0]
+    assert "steps 3-4" in folder.rollup()[0]
+    assert folder.folded() == 0
