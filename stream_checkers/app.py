@@ -178,7 +178,7 @@ class StreamChecker:
         # Records lost between Faust's fetcher and the agent are read again (`input_order`),
         # and no offset commit passes a record the agent has not handled.
         probe = getattr(self.app.transport, "highwater_probe", None)
-        self._input_order = InputOrder(self.app, (names.events, names.window_ticks), probe)
+        self._input_order = InputOrder(self.app, (names.events, names.window_ticks, names.step_summaries), probe)
         if hasattr(self.app.transport, "commit_gate"):
             self.app.transport.commit_gate = self._input_order
         self._stall_guard = StallGuard(self.app, self._input_order, probe)
@@ -419,6 +419,10 @@ class StreamChecker:
     async def _monitor_trends(self, stream: Any) -> None:
         async for event in stream.events():
             message = event.message
+            order = self._input_order  # summaries are dropped on the way like batches
+            if not order.in_order(message.tp, message.offset, message.generation_id) \
+                    and not await order.admit(message.tp, message.offset, message.generation_id):
+                continue
             try:
                 envelope = msgpack.unpackb(message.value, raw=False)
                 summary = StepSummary.from_dict(envelope["summary"])

@@ -1,4 +1,4 @@
-"""Every input record reaches the check-windows agent, in offset order, and no commit passes one that did not.
+"""Every input record reaches its agent, in offset order, and no commit passes one that did not.
 
 Faust does not guarantee that a fetched record is handed to the agent.  Two places
 throw records away after the fetcher has moved past them:
@@ -13,8 +13,8 @@ throw records away after the fetcher has moved past them:
   or that were fetched in an earlier consumer generation, and *acknowledges* them, so
   Faust's offset commit can move past records that nobody handled.
 
-Input offsets are contiguous (the events and window-ticks topics are plain logs,
-written without transactions), so the agent can tell when that happened: each
+Input offsets are contiguous (the events, window-ticks and step-summaries topics are
+plain logs, written without transactions), so the agent can tell when that happened: each
 partition's next expected offset is known — the committed offset at the start of an
 assignment, then one past each record handled — and a record beyond it means the ones
 in between were lost on the way.  The partition is then sought back to the expected
@@ -22,7 +22,8 @@ offset and records are dropped until it arrives.  The same expected offset caps 
 may be committed (`commit_limit`), so a skipped record is read again after a crash.
 
 Offsets below the expected one (a replay after a seek back to the committed offset)
-are still handled: window records recognise batches they have already folded.
+are still handled: window records recognise batches they have already folded, trend
+monitors steps they have already seen.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ MAX_RESEEKS = 5
 
 
 class InputOrder:
-    """Per-partition expected offsets of the agent's input topics, and the repair of gaps."""
+    """Per-partition expected offsets of the agents' input topics, and the repair of gaps."""
 
     def __init__(self, app: Any, topics: Iterable[str], probe: FetchHighwaterProbe | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
