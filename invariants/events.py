@@ -27,8 +27,8 @@ kind-specific fields:
 ``step``   ``phase`` (``begin`` | ``end``).
 ``meta``   ``what`` (``run_start`` | ``run_end`` | ``producer_stats`` |
            ``dataloader_workers`` | ...), plus free-form fields (versions, argv,
-           dropped event counts; ``workers``: how many forked DataLoader workers this
-           step started, each of which sends one batch holding its
+           dropped event counts; ``workers``: how many DataLoader workers this step
+           started, each of which sends one batch holding its
            ``torch.utils.data.worker_init`` call for the same step).
 
 A value summary is a scalar (None, bool, int, float, str), a short list of

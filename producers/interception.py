@@ -297,40 +297,55 @@ def _mode_targets(selection: Selection) -> list[Any]:
     return targets
 
 
+class WorkerStepTag:
+    """A DataLoader's ``worker_init_fn``, tagged with the step that starts the workers.
+
+    Pickled into every worker with the init function itself, so a worker knows its
+    step whatever the start method: a forked worker inherits the counter, but one
+    started by ``spawn`` or ``forkserver`` begins a fresh process at step 0.  Calling
+    it calls the user's function (if any), so an uninstrumented worker sees no change.
+    """
+
+    def __init__(self, inner: Callable[[int], Any] | None, step: int) -> None:
+        self.inner = inner
+        self.step = step
+
+    def __call__(self, worker_id: int) -> Any:
+        return None if self.inner is None else self.inner(worker_id)
+
+
 def _patch_worker_start(tracer: Tracer) -> PatchHandle:
-    """Announce forked DataLoader workers in the step that starts them.
+    """Announce DataLoader workers in the step that starts them, and tell them that step.
 
     Each worker sends its seeds in a batch of its own, over its own connection, so it
     reaches a stream checker after the rank's step end.  The announcement tells the
     checker how many such batches to wait for before it judges the step (rules about
-    distinct worker seeds need them all).  Only forked workers are announced: a
-    worker started by ``spawn`` or ``forkserver`` does not inherit the step counter.
+    distinct worker seeds need them all).
     """
     from torch.utils.data import dataloader as dataloader_module
 
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         def start_workers(self: Any, loader: Any, *args: Any, **kwargs: Any) -> Any:
+            tagged = False
             try:
                 workers = int(getattr(loader, "num_workers", 0) or 0)
-                if workers > 0 and tracer.enabled and _forks(loader):
+                if workers > 0 and tracer.enabled:
+                    step = tracer.recorder.step
+                    user_init = loader.worker_init_fn
+                    loader.worker_init_fn = WorkerStepTag(user_init, step)
+                    tagged = True
                     tracer.record_meta(DATALOADER_WORKERS_META, workers=workers)
             except Exception as exc:
                 tracer.internal_error("DataLoader worker announcement", exc)
-            return original(self, loader, *args, **kwargs)
+            try:
+                return original(self, loader, *args, **kwargs)
+            finally:
+                if tagged:
+                    loader.worker_init_fn = user_init
 
         return start_workers
 
     return patch_attribute(dataloader_module._MultiProcessingDataLoaderIter, "__init__", make)
-
-
-def _forks(loader: Any) -> bool:
-    import multiprocessing
-
-    context = getattr(loader, "multiprocessing_context", None)
-    if context is None:  # the platform default, read without fixing it (the first listed)
-        return (multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]) == "fork"
-    method = context if isinstance(context, str) else context.get_start_method()
-    return method == "fork"
 
 
 def _patch_worker_loop(tracer: Tracer) -> PatchHandle:
@@ -347,6 +362,9 @@ def _patch_worker_loop(tracer: Tracer) -> PatchHandle:
             try:
                 bound = signature.bind(*args, **kwargs)
                 user_init = bound.arguments.get("init_fn")
+                step = None
+                if isinstance(user_init, WorkerStepTag):
+                    user_init, step = user_init.inner, user_init.step
                 num_workers = int(bound.arguments.get("num_workers", 0))
 
                 def init_fn(worker_id: int) -> None:
@@ -354,7 +372,7 @@ def _patch_worker_loop(tracer: Tracer) -> PatchHandle:
                     if user_init is not None:
                         user_init(worker_id)
                     try:
-                        tracer.worker_started(worker_id, num_workers)
+                        tracer.worker_started(worker_id, num_workers, step=step)
                     except Exception as exc:
                         tracer.internal_error("DataLoader worker start", exc)
 

@@ -497,8 +497,14 @@ class Tracer:
         self.recorder.append(self._event("meta", what=what, **fields))
 
     # -- DataLoader workers -----------------------------------------------------------
-    def worker_started(self, worker_id: int, num_workers: int) -> None:
-        """The one event a DataLoader worker sends: its seeds, then it stays quiet."""
+    def worker_started(self, worker_id: int, num_workers: int, *, step: int | None = None) -> None:
+        """The one event a DataLoader worker sends: its seeds, then it stays quiet.
+
+        ``step`` is the step that started the worker (see `WorkerStepTag`); a worker
+        started by ``spawn`` would otherwise report step 0.
+        """
+        if step is not None and step >= 0:
+            self.recorder.step = step
         event = self._event(
             "call",
             name="torch.utils.data._utils.worker._worker_loop",

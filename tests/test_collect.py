@@ -193,6 +193,50 @@ def test_dataloader_workers_report_their_seeds_once(tmp_path, clean_env):
     assert all(e["training"] == (e["stage"] == "train") for e in roots if e["mtype"] == "SmallCNN")
 
 
+SPAWNED_WORKERS_SCRIPT = """
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class Squares(Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return torch.tensor([float(i * i)])
+
+
+if __name__ == "__main__":
+    model = torch.nn.Linear(1, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(4):
+        batches = [torch.randn(4, 1)]
+        if step == 2:  # a loader with spawned workers joins the run at step 2
+            batches = list(DataLoader(Squares(), batch_size=4, num_workers=2, multiprocessing_context="spawn"))
+        for x in batches:
+            optimizer.zero_grad()
+            model(x).sum().backward()
+        optimizer.step()
+"""
+
+
+def test_spawned_dataloader_workers_report_the_step_that_started_them(tmp_path, clean_env):
+    script = tmp_path / "spawned_workers.py"
+    script.write_text(SPAWNED_WORKERS_SCRIPT)
+    traces = tmp_path / "traces"
+    result = collect(["-o", str(traces), "--run-id", "spawned", "--", sys.executable, str(script)], clean_env,
+                     cwd=tmp_path, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    worker_batches, announcements = [], []
+    for batches in read_trace_dir(traces).values():
+        if calls(batches, "torch.utils.data.worker_init", phase="post"):
+            worker_batches.extend(batches)
+        announcements.extend((b["step"], e["workers"]) for b in batches for e in b["events"]
+                             if e["kind"] == "meta" and e["what"] == "dataloader_workers")
+    assert announcements == [(2, 2)]
+    assert sorted(b["step"] for b in worker_batches) == [2, 2]  # not step 0: spawn starts a fresh process
+
+
 def test_killed_training_leaves_a_readable_trace(tmp_path, clean_env):
     from producers.config import ProducerConfig
     from producers.launcher import child_environment
