@@ -500,6 +500,7 @@ class StreamChecker:
                     await self._request(key, partition, b"evict", now)
         self.metrics.open_windows.set(len(self._open))
         self._update_consumer_lag()
+        await self._input_order.retry_repairs()
         if self._ticks % STALL_CHECK_EVERY_TICKS == 0:
             await self._stall_guard.check()
 

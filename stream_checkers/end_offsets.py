@@ -88,7 +88,8 @@ class FetchHighwaterProbe:
         """The offset of the first record at or after ``offset`` that the broker hands out
         (blocking; None when the partition has none there or did not answer in time).
 
-        An offset deleted by retention is answered from the partition's beginning.
+        An offset outside the partition (deleted by retention, or past its end) is
+        answered from the partition's beginning, as ``auto_offset_reset`` would.
         """
         from kafka import KafkaConsumer, TopicPartition
 

@@ -132,6 +132,25 @@ class InputOrder:
         self._reseeks[tp] = (expected, count + 1, now)
         return False
 
+    async def retry_repairs(self) -> None:
+        """Seek again where a gap repair has brought nothing for `RESEEK_INTERVAL_S`.
+
+        Records still in Faust's fetch loop from before the seek move its read offset
+        past the sought one, and it then drops the re-fetched records as already read;
+        with nothing after them on the partition no later record shows the gap again.
+        """
+        if not self._reseeks or getattr(self.app, "rebalancing", False):
+            return
+        now = self.clock()
+        for tp, (target, count, last) in list(self._reseeks.items()):
+            if self._next.get(tp) != target or now - last < RESEEK_INTERVAL_S or count >= MAX_RESEEKS:
+                continue  # repaired, recently sought, or left to the stalled-partition guard
+            try:
+                await self.app.consumer.seek(tp, target)
+            except Exception:
+                log.exception("%s[%s]: re-reading from %s failed", tp.topic, tp.partition, target)
+            self._reseeks[tp] = (target, count + 1, now)
+
     def commit_limit(self, tp: TP, offset: int) -> int | None:
         """The highest offset that may be committed for ``tp`` when Faust wants ``offset``.
 

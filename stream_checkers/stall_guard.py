@@ -1,11 +1,13 @@
 """Restart the fetching of input partitions that stopped moving while records wait.
 
 After a rebalance (a restarted worker joining, a survivor taking over a crashed
-worker's partitions) Faust's aiokafka consumer can end up never fetching some of its
-assigned partitions again (faust-streaming issue #629 describes the same thing: no
-fetch request is ever sent for them).  Records keep arriving on those partitions and
-nobody folds them: open windows then close by the grace timer and are reported as
-missing a rank, and later steps are never checked at all.
+worker's partitions) records can stop reaching the agent for good: Faust drops the
+records it had fetched when it empties the agents' buffers at the end of recovery
+(`input_order`; with nothing after them on the partition no gap ever shows), and its
+aiokafka consumer can end up never fetching some assigned partitions again
+(faust-streaming issue #629).  Records keep arriving on those partitions and nobody
+folds them: open windows then close by the grace timer and are reported as missing a
+rank, and later steps are never checked at all.
 
 The guard notices that from outside the consumer: an assigned input partition whose
 next expected offset has not moved for `STALL_SECONDS`, while the partition's fetch
