@@ -118,8 +118,21 @@ class FetchHighwaterProbe:
             consumer.close(autocommit=False)
 
 
+#: Longest a fetch may wait at the broker for data.  Faust hardcodes 1500 ms.  Apache
+#: Kafka answers as soon as data arrives, so there the value only bounds idle polls;
+#: brokers that hold a fetch for its whole wait (tansu) add up to this much to the
+#: detection latency of a step whose batches arrive while a fetch is pending.
+FETCH_MAX_WAIT_MS = 200
+
+
 class _HighwaterConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
     """Faust's consumer thread with end offsets checked against fetch high-watermarks."""
+
+    def _create_worker_consumer(self, transport: Any) -> Any:
+        consumer = super()._create_worker_consumer(transport)
+        # read by AIOKafkaConsumer.start() when it builds its fetcher; there is no setting
+        consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS
+        return consumer
 
     async def _highwaters(self, partitions: list[TP]) -> Mapping[TP, int]:
         listed = dict(await super()._highwaters(partitions))
