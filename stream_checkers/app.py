@@ -47,6 +47,7 @@ from .end_offsets import FetchHighwaterProbe, HighwaterTransport
 from .input_order import InputOrder
 from .stall_guard import StallGuard
 from .engine_port import EnginePort
+from .grace import grace_expired
 from .metrics import CheckerMetrics
 from .report import encode_violation, violation_line
 from .window_record import WindowRecord, window_key
@@ -167,12 +168,16 @@ class StreamChecker:
         self._cache = _Cache()
         self._ticks_sent: dict[bytes, float] = {}
         self._positions: dict[int, int] = {}
+        #: events partition -> unread records (from the last lag update) and newest producer time read
+        self._lags: dict[int, int] = {}
+        self._event_times: dict[int, float] = {}
         self._trend_cache: dict[bytes, tuple[bytes, TrendMonitor, set[int]]] = {}
         self._run_cache: dict[bytes, tuple[bytes, Any]] = {}
         self._write_counts: dict[bytes, int] = {}
-        #: In-process index of the table for the timer: key -> (last batch or close time,
-        #: partition).  Rebuilt from the table now and then to pick up restored windows.
-        self._open: dict[bytes, tuple[float, int]] = {}
+        #: In-process index of the table for the timer: key -> (last batch time, partition,
+        #: newest producer time) of open windows, (close time, partition) of closed ones.
+        #: Rebuilt from the table now and then to pick up restored windows.
+        self._open: dict[bytes, tuple[float, int, float]] = {}
         self._closed: dict[bytes, tuple[float, int]] = {}
         self._ticks = 0
         # Records lost between Faust's fetcher and the agent are read again (`input_order`),
@@ -205,6 +210,9 @@ class StreamChecker:
                     await self._on_tick(message)
                 else:
                     self._positions[message.partition] = message.offset
+                    if message.timestamp:
+                        seen = self._event_times.get(message.partition, 0.0)
+                        self._event_times[message.partition] = max(seen, float(message.timestamp))
                     await self._on_batch(message)
             except Exception as exc:  # a bug must cost one message, not the worker
                 log.exception("failed to process %s[%s]@%s", message.topic, message.partition, message.offset)
@@ -285,7 +293,8 @@ class StreamChecker:
         if record is None:
             return
         now = self.clock()
-        if op == b"close" and not record.closed and now - record.last_batch_at >= self.config.grace_seconds:
+        if op == b"close" and not record.closed and self._grace_expired(
+                now, record.last_batch_at, record.newest_producer_ts, record.partition):
             await self._close(key, record, window, forced=True)
         elif op == b"evict" and record.closed and now - record.closed_at >= self.config.closed_retention_seconds:
             del self.windows[key]
@@ -321,7 +330,7 @@ class StreamChecker:
             self._open.pop(key, None)
             self._closed[key] = (record.closed_at or 0.0, record.partition)
         else:
-            self._open[key] = (record.last_batch_at, record.partition)
+            self._open[key] = (record.last_batch_at, record.partition, record.newest_producer_ts)
 
     def _run_state(self, run: str, partition: int) -> tuple[bytes, Any]:
         # Steps of one run are spread over partitions; each partition keeps its own
@@ -489,9 +498,8 @@ class StreamChecker:
         self._ticks += 1
         if self._ticks % RESCAN_EVERY_TICKS == 1:
             self._rescan()
-        grace = self.config.grace_seconds
-        for key, (last_batch_at, partition) in list(self._open.items()):
-            if now - last_batch_at >= grace:
+        for key, (last_batch_at, partition, newest_producer_ts) in list(self._open.items()):
+            if self._grace_expired(now, last_batch_at, newest_producer_ts, partition):
                 await self._request(key, partition, b"close", now)
         if self._ticks % RESCAN_EVERY_TICKS == 1:
             retention = self.config.closed_retention_seconds
@@ -503,6 +511,11 @@ class StreamChecker:
         await self._input_order.retry_repairs()
         if self._ticks % STALL_CHECK_EVERY_TICKS == 0:
             await self._stall_guard.check()
+
+    def _grace_expired(self, now: float, last_batch_at: float, newest_producer_ts: float, partition: int) -> bool:
+        return grace_expired(now=now, last_batch_at=last_batch_at, newest_producer_ts=newest_producer_ts,
+                             grace=self.config.grace_seconds, partition_lag=self._lags.get(partition),
+                             partition_event_time=self._event_times.get(partition))
 
     def _rescan(self) -> None:
         """Rebuild the timer's index from the table (restored or revoked partitions)."""
@@ -535,6 +548,8 @@ class StreamChecker:
         for partition in set(self._positions) - {tp.partition for tp in owned}:
             # moved to another worker on a rebalance: its lag is that worker's to report
             self._positions.pop(partition, None)
+            self._lags.pop(partition, None)
+            self._event_times.pop(partition, None)
             try:
                 self.metrics.consumer_lag.remove(str(partition))
             except KeyError:
@@ -547,4 +562,6 @@ class StreamChecker:
                 continue
             if highwater is None or position is None:
                 continue
-            self.metrics.consumer_lag.labels(partition=str(tp.partition)).set(max(0, highwater - position - 1))
+            lag = max(0, highwater - position - 1)
+            self._lags[tp.partition] = lag
+            self.metrics.consumer_lag.labels(partition=str(tp.partition)).set(lag)

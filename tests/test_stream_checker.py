@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import math
+import time
 
 import msgpack
 import pytest
@@ -367,3 +368,41 @@ def test_probe_names_the_first_record_at_or_after_an_offset(kafka_broker):
     assert probe.first_offset_from(TP(topic, 0), 0) == 0
     assert probe.first_offset_from(TP(topic, 0), 4) == 4  # inside a multi-record batch
     assert probe.first_offset_from(TP(topic, 0), 6) is None  # at the end: nothing there yet
+
+
+def test_a_backlog_does_not_expire_windows_whose_batches_are_still_unread(kafka_broker, checker):
+    """The grace period must not run out while the missing batch sits unread in the
+    partition: a worker catching up on a backlog (after a restart, or when it falls
+    behind) would otherwise report ranks as missing that did report."""
+    from kafka import KafkaProducer
+
+    from invariants.events import batch_key
+
+    steps = 8000
+    records = [synthetic_step_batch("run-g", 0, 2, 0)]
+    records += [synthetic_step_batch("run-g", rank, 2, step) for step in range(1, steps) for rank in (0, 1)]
+    records.append(synthetic_step_batch("run-g", 1, 2, 0))  # step 0's rank 1 comes last
+    producer = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap, linger_ms=20, batch_size=512 * 1024)
+    sent_at = int(time.time() * 1000)  # one producer time: the run is a burst
+    for batch in records:
+        producer.send(EVENTS, key=batch_key(batch["run"], batch["step"]), value=encode_batch(batch),
+                      timestamp_ms=sent_at, partition=0)  # one partition: the backlog is in front of rank 1
+    producer.flush(timeout=60)
+    producer.close()
+    worker = checker()
+    samples = wait_until(lambda: (m := worker.metrics()) and metric(m, "trainwatch_steps_checked_total",
+                                                                    run="run-g") >= steps and m,
+                         120, what="every step of the backlog checked")
+    assert metric(samples, "trainwatch_missing_rank_windows_total", run="run-g") == 0
+    assert not [v for v in _invariant_violations(kafka_broker.bootstrap) if v["run"] == "run-g"]
+
+
+def test_grace_runs_on_event_time_while_the_partition_has_unread_records():
+    from stream_checkers.grace import grace_expired
+
+    base = dict(now=100.0, last_batch_at=95.0, newest_producer_ts=50.0, grace=3.0)
+    assert not grace_expired(**{**base, "now": 97.0}, partition_lag=0, partition_event_time=None)
+    assert grace_expired(**base, partition_lag=0, partition_event_time=50.0)  # caught up: wall clock
+    assert grace_expired(**base, partition_lag=None, partition_event_time=None)  # lag unknown: wall clock
+    assert not grace_expired(**base, partition_lag=500, partition_event_time=52.9)  # behind: read on
+    assert grace_expired(**base, partition_lag=500, partition_event_time=53.0)
