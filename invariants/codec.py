@@ -26,17 +26,18 @@ import msgspec
 
 from .events import Batch, SchemaError, validate_batch
 
-#: Decoding is the largest per-event cost of every consumer (stream worker, ``check``,
-#: ``infer``); msgspec's untyped msgpack decoder builds the same dicts, lists and
-#: strings as ``msgpack.unpackb`` about 1.3-1.6x faster (it caches repeated map keys).
-#: Encoding stays with msgpack: producers depend on its fallback behaviour.  The
-#: contract has no extension types; should one arrive it decodes to the same
-#: ``msgpack.ExtType`` msgpack would give (timestamps become aware datetimes), so
-#: that every decoded value can be packed again into window state.
+
 def _extension(code: int, data: memoryview) -> msgpack.ExtType:
+    """The contract has no extension types; should one arrive it decodes to the same
+    ``msgpack.ExtType`` msgpack would give (timestamps become aware datetimes), so that
+    every decoded value can be packed again into window state."""
     return msgpack.ExtType(code, bytes(data))
 
 
+#: Decoding is the largest per-event cost of every consumer (stream worker, ``check``,
+#: ``infer``); msgspec's untyped msgpack decoder builds the same dicts, lists and
+#: strings as ``msgpack.unpackb`` about 1.3-1.6x faster (it caches repeated map keys).
+#: Encoding stays with msgpack: producers depend on its fallback behaviour.
 _DECODER = msgspec.msgpack.Decoder(ext_hook=_extension)
 
 TRACE_MAGIC = b"TWTRACE\x01"
