@@ -1,0 +1,223 @@
+"""Window evaluation gives exactly the violations recorded before it was optimised.
+
+`Engine.evaluate` is on every streaming worker's hot path and gets tuned for speed;
+tuning must never change *what* it reports.  The fixture holds closed windows (as
+`WindowState` bytes, so the test does not depend on how batches are folded) from:
+
+* synthetic data-parallel runs: healthy, every injected fault, 1-3 ranks, split and
+  shuffled batches;
+* the silent-bug benchmark's real PyTorch traces (bug, twin and twin-reference runs of
+  every case), when the fixture was built;
+
+and the invariant sets they are judged against: the shipped default set, a set learned
+from synthetic runs and the union of the sets the silent-bug benchmark learned per
+case (their Consistent-variables, state-effect and APISequence rules are rare in the
+default set).  The golden file holds every window's violations (ids, ranks, stage,
+evidence, counts) and the run-level facts evaluation writes.
+
+Regenerate only when a change of *meaning* is intended::
+
+    python tests/test_evaluate_equivalence.py --regenerate [--silent-bugs-work DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import random
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import msgpack
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from invariants.engine import Engine, RunState, StepWindows  # noqa: E402
+from invariants.invariant_file import dumps, load_default_set, loads  # noqa: E402
+from invariants.invariant_set import InvariantSet  # noqa: E402
+from invariants.window import WindowState  # noqa: E402
+
+DATA = ROOT / "tests" / "data" / "evaluate_equivalence"
+WINDOWS_FILE = DATA / "windows.msgpack.gz"
+GOLDEN_FILE = DATA / "golden.json.gz"
+SET_FILES = {"default": DATA / "set-default.json", "synthetic": DATA / "set-synthetic.json",
+             "silent_bugs": DATA / "set-silent-bugs.json"}
+SYNTHETIC_FAULTS = ("drift", "frozen", "step_noop", "no_zero_grad", "dropout_in_eval", "reinit", "missing_rank",
+                    "same_worker_seed", "allreduce_shape", "autocast_lost", "untie")
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+def load_sets() -> dict[str, InvariantSet]:
+    return {name: InvariantSet(loads(path.read_text(), str(path))) for name, path in SET_FILES.items()}
+
+
+def load_windows() -> dict[str, list[bytes]]:
+    return msgpack.unpackb(gzip.decompress(WINDOWS_FILE.read_bytes()), raw=False)
+
+
+def evaluate_trace(invariant_set: InvariantSet, windows: list[bytes]) -> dict[str, Any]:
+    """Every window's violations, in the order the windows closed, plus the run states."""
+    engine = Engine(invariant_set)
+    states: dict[str, RunState] = {}
+    per_window = []
+    for raw in windows:
+        window = WindowState.from_bytes(raw)
+        state = states.setdefault(window.run, RunState(window.run))
+        per_window.append([v.to_dict() for v in engine.evaluate(window, state)])
+    runs = {run: {"rank_local": s.rank_local, "variable_counts": {at: {str(r): n for r, n in per.items()}
+                                                                    for at, per in s.variable_counts.items()},
+                  "ties": s.ties, "violations": s.violations, "windows_closed": s.windows_closed}
+            for run, s in sorted(states.items())}
+    return _plain({"violations": per_window, "runs": runs})
+
+
+def _plain(value: Any) -> Any:
+    """The JSON form, so results compare like the golden file (tuples are lists there)."""
+    return json.loads(json.dumps(value, sort_keys=True, default=repr))
+
+
+# ----------------------------------------------------------------------------- the test
+
+
+@pytest.fixture(scope="module")
+def fixture() -> tuple[dict[str, InvariantSet], dict[str, list[bytes]], dict[str, Any]]:
+    golden = json.loads(gzip.decompress(GOLDEN_FILE.read_bytes()))
+    return load_sets(), load_windows(), golden
+
+
+def test_fixture_covers_every_template_and_real_violations(fixture):
+    sets, windows, golden = fixture
+    relations = {inv.relation for s in sets.values() for inv in s.invariants}
+    assert relations >= {"Consistent", "EventContain", "APISequence", "APIArg", "APIOutput", "APIAbsent",
+                         "TrainingFlag", "StableVariables"}
+    reported = {v["relation"] for result in golden.values() for per in result["violations"] for v in per}
+    # a golden file of healthy windows only would prove nothing about evidence or ranks
+    assert reported >= {"Consistent", "EventContain", "APISequence", "APIArg", "APIOutput", "APIAbsent",
+                        "TrainingFlag", "StableVariables", "AllRanksReport"}
+    assert any(label.startswith("bugs/") for label in windows)
+
+
+@pytest.mark.parametrize("set_name", sorted(SET_FILES))
+def test_evaluation_matches_the_golden_violations(fixture, set_name):
+    sets, windows, golden = fixture
+    mismatched = []
+    for label, raw_windows in sorted(windows.items()):
+        key = f"{set_name}|{label}"
+        got = evaluate_trace(sets[set_name], raw_windows)
+        if got != golden[key]:
+            mismatched.append(_first_difference(key, got, golden[key]))
+    assert not mismatched, "\n".join(mismatched[:5])
+
+
+def _first_difference(key: str, got: dict[str, Any], want: dict[str, Any]) -> str:
+    if got["runs"] != want["runs"]:
+        return f"{key}: run state {got['runs']} != {want['runs']}"
+    for index, (g, w) in enumerate(zip(got["violations"], want["violations"])):
+        if g != w:
+            return f"{key}: window {index}: got {json.dumps(g)[:600]} want {json.dumps(w)[:600]}"
+    return f"{key}: {len(got['violations'])} windows, want {len(want['violations'])}"
+
+
+# ----------------------------------------------------------------------------- building the fixture
+
+
+def _synthetic_runs() -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    from invariants.synthetic import Fault, SyntheticRun
+
+    yield "synthetic/healthy-w1", list(SyntheticRun(run="h1", world=1, steps=5).batches())
+    yield "synthetic/healthy-w2-layers3", list(SyntheticRun(run="h2", world=2, steps=5, extra_layers=3,
+                                                            split_steps=False).batches())
+    yield "synthetic/healthy-w3-noautocast", list(SyntheticRun(run="h3", world=3, steps=5, autocast=False,
+                                                               seed=2).batches())
+    for index, fault in enumerate(SYNTHETIC_FAULTS):
+        world = 2 + index % 2
+        faults = [Fault(fault, 2, rank=world - 1)]
+        yield f"synthetic/{fault}-w{world}", list(SyntheticRun(run=f"f-{fault}", world=world, steps=5,
+                                                               faults=faults, seed=index).batches())
+    several = [Fault("drift", 1, 1), Fault("frozen", 2, 0), Fault("no_zero_grad", 3, 1), Fault("untie", 2, 0),
+               Fault("autocast_lost", 4, 1), Fault("dropout_in_eval", 3, 0)]
+    batches = list(SyntheticRun(run="many", world=2, steps=6, faults=several, extra_layers=2).batches())
+    random.Random(5).shuffle(batches)
+    batches.sort(key=lambda b: b["step"])  # steps in order, ranks and halves interleaved at random
+    yield "synthetic/many-faults-shuffled", batches
+
+
+def _silent_bug_traces(work: Path) -> Iterator[tuple[str, Iterable[dict[str, Any]]]]:
+    from trainwatch.tracedir import read_trace_dir
+
+    for case in sorted(p for p in (work / "bugs").iterdir() if p.is_dir()):
+        for label in ("bug", "twin", "twin-ref"):
+            trace_dir = case / label
+            if trace_dir.is_dir() and any(trace_dir.glob("*.twtrace")):
+                yield f"bugs/{case.name}/{label}", read_trace_dir(trace_dir)
+
+
+def _closed_windows(invariant_sets: Iterable[InvariantSet], batches: Iterable[dict[str, Any]], *,
+                    trace: bool) -> list[bytes]:
+    """Windows as the engine closes them, folded with the union of the sets' plans."""
+    union = InvariantSet([inv for s in invariant_sets for inv in s.invariants])
+    closed: list[bytes] = []
+    driver = StepWindows.replay(Engine(union)) if trace else StepWindows(Engine(union))
+    driver.on_close = lambda window: closed.append(window.to_bytes())
+    for batch in batches:
+        driver.feed(batch)
+    driver.finish()
+    return closed
+
+
+def _learned_sets(work: Path | None) -> dict[str, list]:
+    from invariants.inference import infer
+    from invariants.synthetic import SyntheticRun
+
+    refs = [SyntheticRun(run="ref-a", world=2, steps=7).batches(),
+            SyntheticRun(run="ref-b", world=3, steps=7, seed=1).batches()]
+    learned = {"default": load_default_set().invariants, "synthetic": infer(refs), "silent_bugs": []}
+    if work is not None:
+        by_id = {}
+        for path in sorted((work / "bugs").glob("*/inferred.json")):
+            for inv in loads(path.read_text(), str(path)):
+                by_id[inv.id] = inv
+        learned["silent_bugs"] = list(by_id.values())
+    return learned
+
+
+def regenerate(work: Path | None) -> None:
+    DATA.mkdir(parents=True, exist_ok=True)
+    for name, invariants in _learned_sets(work).items():
+        SET_FILES[name].write_text(dumps(invariants))
+    sets = load_sets()
+    windows: dict[str, list[bytes]] = {}
+    for label, batches in _synthetic_runs():
+        windows[label] = _closed_windows(sets.values(), batches, trace=False)
+    if work is not None:
+        for label, batches in _silent_bug_traces(work):
+            windows[label] = _closed_windows(sets.values(), batches, trace=True)
+    WINDOWS_FILE.write_bytes(gzip.compress(msgpack.packb(windows, use_bin_type=True), mtime=0))
+    golden = {f"{name}|{label}": evaluate_trace(invariant_set, raw)
+              for name, invariant_set in sets.items() for label, raw in windows.items()}
+    GOLDEN_FILE.write_bytes(gzip.compress(json.dumps(golden, sort_keys=True).encode(), mtime=0))
+    total = sum(len(per) for result in golden.values() for per in result["violations"])
+    print(f"{len(windows)} traces, {sum(map(len, windows.values()))} windows, {total} window-violations; "
+          f"windows {WINDOWS_FILE.stat().st_size} B, golden {GOLDEN_FILE.stat().st_size} B")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="rebuild the evaluation-equivalence fixture")
+    parser.add_argument("--regenerate", action="store_true", required=True)
+    parser.add_argument("--silent-bugs-work", type=Path, default=ROOT / "benchmarks" / "silent_bugs" / ".work",
+                        help="a silent-bug benchmark work directory with traces (skipped if absent)")
+    args = parser.parse_args()
+    work = args.silent_bugs_work if (args.silent_bugs_work / "bugs").is_dir() else None
+    regenerate(work)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
