@@ -103,50 +103,119 @@ def signature(records: Sequence[Record]) -> Signature:
 
 
 # --------------------------------------------------------------------------- checking
-
-
-def _clause_holds(kind: str, name: str, values: tuple, records: Sequence[Record]) -> bool:
-    got = [record.get(name, _MISSING) for record in records]
-    if kind == "exists":
-        return all(v is not _MISSING and v is not None for v in got)
-    if kind == "constant":
-        return all(any(v == want and type(v) is type(want) for want in values) for v in got)
-    if any(v is _MISSING or v is None for v in got):
-        return False
-    if kind == "consistent":
-        return all(v == got[0] for v in got)
-    if kind == "unequal":
-        try:
-            return len(set(got)) == len(got)
-        except TypeError:
-            return False
-    return False
+#
+# Checking runs a predicate at every site where a rule failed, so clauses are compiled
+# into small closures specialised by kind (and, for ``constant``, by the number of
+# allowed values) instead of being interpreted per record.
 
 
 Predicate = Callable[[Sequence[Record]], bool]
+ClauseCheck = Callable[[Sequence[Record]], bool]
 
 
 def _always(records: Sequence[Record]) -> bool:
     return True
 
 
+def needs_records(predicate: Predicate) -> bool:
+    """False for the precondition-free predicate: callers may skip building records."""
+    return predicate is not _always
+
+
+def _exists_check(name: str) -> ClauseCheck:
+    def check(records: Sequence[Record]) -> bool:
+        for record in records:
+            if record.get(name) is None:  # missing or None
+                return False
+        return True
+
+    return check
+
+
+def _constant_check(name: str, values: tuple) -> ClauseCheck:
+    # the type is part of the clause: True == 1 in Python, but not in a rule
+    if len(values) == 1:
+        want = values[0]
+        want_type = type(want)
+
+        def check_one(records: Sequence[Record]) -> bool:
+            for record in records:
+                value = record.get(name, _MISSING)
+                if type(value) is not want_type or not value == want:
+                    return False
+            return True
+
+        return check_one
+
+    def check_any(records: Sequence[Record]) -> bool:
+        for record in records:
+            value = record.get(name, _MISSING)
+            if not any(type(value) is type(want) and value == want for want in values):
+                return False
+        return True
+
+    return check_any
+
+
+def _consistent_check(name: str) -> ClauseCheck:
+    def check(records: Sequence[Record]) -> bool:
+        got = [record.get(name) for record in records]
+        if any(v is None for v in got):  # missing or None
+            return False
+        return all(v == got[0] for v in got)
+
+    return check
+
+
+def _unequal_check(name: str) -> ClauseCheck:
+    def check(records: Sequence[Record]) -> bool:
+        got = [record.get(name) for record in records]
+        if any(v is None for v in got):  # missing or None
+            return False
+        try:
+            return len(set(got)) == len(got)
+        except TypeError:
+            return False
+
+    return check
+
+
+def _never(records: Sequence[Record]) -> bool:
+    return False
+
+
+def _clause_check(kind: str, name: str, values: tuple) -> ClauseCheck:
+    if kind == "exists":
+        return _exists_check(name)
+    if kind == "constant":
+        return _constant_check(name, values)
+    if kind == "consistent":
+        return _consistent_check(name)
+    if kind == "unequal":
+        return _unequal_check(name)
+    return _never
+
+
 def compile_precondition(pre: Mapping[str, Any] | None) -> Predicate:
     """Turn the JSON form into a closure; no eval, no attribute lookups by name."""
     if pre is None:
         return _always
-    conjunctions: list[list[tuple[str, str, tuple, bool]]] = []
+    conjunctions: list[tuple[tuple[ClauseCheck, bool], ...]] = []
     for conj in pre["any"]:
-        conjunctions.append(
-            [(c["kind"], c["field"], tuple(c.get("values") or ()), bool(c.get("negated", False))) for c in conj["all"]]
-        )
+        conjunctions.append(tuple(
+            (_clause_check(c["kind"], c["field"], tuple(c.get("values") or ())), bool(c.get("negated", False)))
+            for c in conj["all"]
+        ))
     negated = bool(pre.get("negated", False))
 
     def predicate(records: Sequence[Record]) -> bool:
-        result = any(
-            all(_clause_holds(kind, name, values, records) != neg for kind, name, values, neg in conj)
-            for conj in conjunctions
-        )
-        return result != negated
+        for conj in conjunctions:
+            for check, negated_clause in conj:
+                if check(records) == negated_clause:
+                    break
+            else:
+                return not negated  # this conjunction holds
+        return negated
 
     return predicate
 

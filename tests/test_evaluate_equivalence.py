@@ -32,6 +32,8 @@ from typing import Any, Iterable, Iterator
 
 import msgpack
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -40,6 +42,7 @@ if str(ROOT) not in sys.path:
 from invariants.engine import Engine, RunState, StepWindows  # noqa: E402
 from invariants.invariant_file import dumps, load_default_set, loads  # noqa: E402
 from invariants.invariant_set import InvariantSet  # noqa: E402
+from invariants.precondition import compile_precondition  # noqa: E402
 from invariants.window import WindowState  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "evaluate_equivalence"
@@ -114,6 +117,54 @@ def test_evaluation_matches_the_golden_violations(fixture, set_name):
         if got != golden[key]:
             mismatched.append(_first_difference(key, got, golden[key]))
     assert not mismatched, "\n".join(mismatched[:5])
+
+
+_MISSING = object()
+
+
+def _reference_clause(kind: str, name: str, values: list, records: list[dict]) -> bool:
+    """The clause semantics of `invariants.precondition`, read literally."""
+    got = [record.get(name, _MISSING) for record in records]
+    if kind == "exists":
+        return all(v is not _MISSING and v is not None for v in got)
+    if kind == "constant":
+        return all(any(v == want and type(v) is type(want) for want in values) for v in got)
+    if any(v is _MISSING or v is None for v in got):
+        return False
+    if kind == "consistent":
+        return all(v == got[0] for v in got)
+    try:
+        return len(set(got)) == len(got)
+    except TypeError:
+        return False
+
+
+def _reference_predicate(pre: dict, records: list[dict]) -> bool:
+    held = any(all(_reference_clause(c["kind"], c["field"], c.get("values") or [], records) != c.get("negated", False)
+                   for c in conj["all"]) for conj in pre["any"])
+    return held != pre.get("negated", False)
+
+
+_values = st.one_of(st.none(), st.booleans(), st.integers(-1, 2), st.sampled_from([0.0, 1.0, float("nan")]),
+                    st.sampled_from(["train", "eval", ""]), st.lists(st.integers(0, 1), max_size=1))
+_fields = st.sampled_from(["stage", "has_grad", "rank"])
+_clauses = st.one_of(
+    st.fixed_dictionaries({"kind": st.just("constant"), "field": _fields,
+                           "values": st.lists(_values.filter(lambda v: not isinstance(v, list)), min_size=1, max_size=3),
+                           "negated": st.booleans()}),
+    st.fixed_dictionaries({"kind": st.sampled_from(["exists", "consistent", "unequal"]), "field": _fields,
+                           "negated": st.booleans()}),
+)
+_preconditions = st.fixed_dictionaries({
+    "negated": st.booleans(),
+    "any": st.lists(st.fixed_dictionaries({"all": st.lists(_clauses, max_size=3)}), min_size=1, max_size=3),
+})
+
+
+@settings(max_examples=300, deadline=None)
+@given(pre=_preconditions, records=st.lists(st.dictionaries(_fields, _values, max_size=3), max_size=3))
+def test_compiled_preconditions_follow_the_clause_semantics(pre, records):
+    assert compile_precondition(pre)(records) == _reference_predicate(pre, records)
 
 
 def _first_difference(key: str, got: dict[str, Any], want: dict[str, Any]) -> str:
