@@ -141,7 +141,6 @@ def throughput(workers: int, steps: int, layers: int, workdir: Path, extra: list
 def cpu_ceiling(steps: int, layers: int) -> dict:
     """The agent's per-batch work without Kafka or Faust, split by stage (one process,
     CPU time of this thread, so other jobs on the machine do not count)."""
-    from invariants.codec import decode_batch
     from invariants.step_summary import StepSummaryBuilder
     from stream_checkers.engine_port import EnginePort
     from stream_checkers.window_record import WindowRecord
@@ -157,9 +156,9 @@ def cpu_ceiling(steps: int, layers: int) -> dict:
     violations = 0
     for _, value in records:
         t0 = clock()
-        batch = decode_batch(value)
+        batch = engine.decode(value, len(value))
         t1 = clock()
-        step = batch["step"]
+        step = batch.step
         if step not in windows:
             windows[step] = (engine.open("cpu", step), StepSummaryBuilder("cpu", step))
         window, summary = windows[step]

@@ -29,11 +29,13 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
-from .events import Batch, Event
+from .wire import wire_types
 
 BACKWARD_APIS = frozenset({"torch.Tensor.backward", "torch.autograd.backward"})
 _PRE_STEP = "pre:torch.optim.Optimizer.step"
 _POST_STEP = "post:torch.optim.Optimizer.step"
+#: Snapshot attributes the summary reads: a checker's decoder must keep them.
+SUMMARY_STATE_ATTRS = ("grad_norm", "data_norm", "data_digest", "update_norm")
 
 
 @dataclass(frozen=True)
@@ -110,24 +112,26 @@ class StepSummaryBuilder:
         self.step = step
         self._ranks: dict[int, _RankAccumulator] = {}
 
-    def add_batch(self, batch: Batch) -> None:
-        acc = self._ranks.setdefault(int(batch["rank"]), _RankAccumulator())
-        for event in batch["events"]:
-            kind = event.get("kind")
+    def add_batch(self, batch: Any) -> None:
+        """Fold one typed batch (`wire`), or a dict batch converted first."""
+        if isinstance(batch, dict):
+            batch = wire_types(None).convert(batch)
+        acc = self._ranks.setdefault(batch.rank, _RankAccumulator())
+        for event in batch.events:
+            kind = event.KIND
             if kind == "call":
-                self._add_call(acc, event)
+                if event.phase == "pre":
+                    self._add_backward(acc, event)
             elif kind == "state":
                 self._add_state(acc, event)
-            if acc.stage is None and isinstance(event.get("stage"), str):
-                acc.stage = event["stage"]
+            if acc.stage is None:
+                acc.stage = event.stage
 
     @staticmethod
-    def _add_call(acc: _RankAccumulator, event: Event) -> None:
-        if event.get("phase") != "pre":
+    def _add_backward(acc: _RankAccumulator, event: Any) -> None:
+        if (event.api or event.name) not in BACKWARD_APIS:
             return
-        if (event.get("api") or event.get("name")) not in BACKWARD_APIS:
-            return
-        args = event.get("args")
+        args = event.args
         if not isinstance(args, dict):
             return
         for key in ("self", "tensors", "0"):
@@ -137,12 +141,12 @@ class StepSummaryBuilder:
                 return
 
     @staticmethod
-    def _add_state(acc: _RankAccumulator, event: Event) -> None:
-        attrs = event.get("attrs")
-        if not isinstance(attrs, dict):
+    def _add_state(acc: _RankAccumulator, event: Any) -> None:
+        where = event.at
+        if where != _PRE_STEP and where != _POST_STEP:
             return
-        where = event.get("at")
-        name = str(event.get("name"))
+        attrs = event.attrs
+        name = event.name
         if where == _PRE_STEP:
             grad_norm = _as_float(attrs.get("grad_norm"))
             if grad_norm is not None:
@@ -154,7 +158,7 @@ class StepSummaryBuilder:
             data_norm = _as_float(attrs.get("data_norm"))
             if data_norm is not None:
                 acc.pending_pre[name] = [data_norm, attrs.get("data_digest")]
-        elif where == _POST_STEP:
+        else:
             pre = acc.pending_pre.pop(name, None)
             if pre is None:
                 return

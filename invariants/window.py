@@ -29,7 +29,8 @@ from typing import Any, Iterable
 
 import msgpack
 
-from .events import DATALOADER_WORKERS_META, WORKER_INIT_API, Batch
+from .events import DATALOADER_WORKERS_META, WORKER_INIT_API
+from .wire import UNSET, wire_types
 
 #: Snapshot attributes worth keeping for preconditions and evidence, besides digests.
 BASE_STATE_ATTRS = ("requires_grad", "dtype", "mtype", "is_leaf", "shape")
@@ -63,6 +64,12 @@ class FactPlan:
             self.state_attrs = None if other.state_attrs is None else self.state_attrs | other.state_attrs
         self.links = self.links or other.links
 
+    def kept_attrs(self) -> tuple[str, ...] | None:
+        """Snapshot attributes a window keeps (None = all): the decoder's selection."""
+        if self.state_attrs is None:
+            return None
+        return BASE_STATE_ATTRS + tuple(sorted(self.state_attrs - set(BASE_STATE_ATTRS)))
+
     def keeps_args(self, api: str) -> set[str] | None | bool:
         """None = all args, a set = those names, False = none."""
         if self.apis is None:
@@ -94,98 +101,103 @@ class WindowState:
             self.ranks[rank] = facts
         return facts
 
-    def add_batch(self, batch: Batch, plan: FactPlan) -> None:
-        """Fold one validated batch of one rank into the window."""
-        self.world = max(self.world, int(batch["world"]))
+    def add_batch(self, batch: Any, plan: FactPlan) -> None:
+        """Fold one validated batch of one rank into the window.
+
+        ``batch`` is a typed batch (`wire`) whose snapshot attributes were already
+        narrowed to the plan's by the decoder — the attribute maps are kept as decoded,
+        not copied — or a dict batch (tests, in-memory runs), converted first.
+        """
+        if isinstance(batch, dict):
+            batch = wire_types(plan.kept_attrs()).convert(batch)
+        self.world = max(self.world, batch.world)
         self.batches += 1
-        events = batch["events"]
+        events = batch.events
         self.events += len(events)
-        facts = self.rank(int(batch["rank"]))
-        seq = int(batch.get("seq", 0))
+        facts = self.rank(batch.rank)
+        seq = batch.seq
         calls: list[dict[str, Any]] = facts["calls"]
         links: dict[str, Any] = facts["links"]
         states: dict[str, Any] = facts["states"]
         open_calls: dict[str, dict[str, Any]] = {}
         apis = plan.apis
         points = plan.state_points
-        keep_attrs = None if plan.state_attrs is None else BASE_STATE_ATTRS + tuple(sorted(plan.state_attrs))
         keep_links = plan.links
         for index, event in enumerate(events):
-            kind = event["kind"]
-            if kind == "call":
+            kind = event.KIND
+            if kind == "state":
+                at = event.at
+                if at.__class__ is not str:
+                    at = ""
+                if points is not None and at not in points:
+                    continue
+                kept = event.attrs
+                kept["stage"] = event.stage
+                if event.vtype is not UNSET:
+                    kept["vtype"] = event.vtype
+                cid = event.cid
+                call_key = "-" if cid is None else f"{event.pid}:{cid}"
+                per_point = states.get(at)
+                if per_point is None:
+                    per_point = states[at] = {}
+                per_call = per_point.get(call_key)
+                if per_call is None:
+                    per_call = per_point[call_key] = {}
+                per_call[event.name] = kept
+            elif kind == "call":
                 # invariants key on the stable family name when the producer gives one
-                api = event.get("api")
+                api = event.api
                 if api.__class__ is not str or not api:
-                    api = event["name"]
-                phase = event["phase"]
+                    api = event.name
+                phase = event.phase
+                key = f"{event.pid}:{event.cid}"
                 if api == WORKER_INIT_API:
                     reported = facts.setdefault("worker_pids", [])
-                    if event["pid"] not in reported:
-                        reported.append(event["pid"])
+                    if event.pid not in reported:
+                        reported.append(event.pid)
                 if keep_links and phase == "pre":
-                    key = f"{event.get('pid', 0)}:{event['cid']}"
-                    parent = event.get("parent")
-                    links[key] = None if parent is None else f"{event.get('pid', 0)}:{parent}"
+                    parent = event.parent
+                    links[key] = None if parent is None else f"{event.pid}:{parent}"
                 if apis is not None and api not in apis:
                     continue
-                key = f"{event.get('pid', 0)}:{event['cid']}"
                 if phase == "pre":
-                    fact = self._call_fact(event, api, key, (seq, index), plan)
+                    fact = self._call_fact(event, api, key, seq, index, plan)
                     calls.append(fact)
                     open_calls[key] = fact
                 else:
                     fact = open_calls.get(key) or self._find_call(calls, key)
                     if fact is None:  # post without pre (pre in an earlier step): keep what we have
-                        fact = self._call_fact(event, api, key, (seq, index), plan)
+                        fact = self._call_fact(event, api, key, seq, index, plan)
                         calls.append(fact)
                     fact["done"] = True
-                    if phase != "pre" and event.get("kwargs"):
-                        self._fold_kwargs(fact, event, api, plan)
+                    if event.kwargs:
+                        self._fold_kwargs(fact, event.kwargs, api, plan)
                     if phase == "exc":
                         fact["exc"] = True
-                    elif "ret" in event:
-                        fact["ret"] = event["ret"]
-            elif kind == "state":
-                at = event.get("at")
-                if not isinstance(at, str):
-                    at = ""
-                if points is not None and at not in points:
-                    continue
-                raw = event.get("attrs") or {}
-                if keep_attrs is None:
-                    kept = dict(raw)
-                else:
-                    kept = {k: raw[k] for k in keep_attrs if k in raw}
-                kept["stage"] = event.get("stage", "")
-                if "vtype" in event:
-                    kept["vtype"] = event["vtype"]
-                cid = event.get("cid")
-                call_key = "-" if cid is None else f"{event.get('pid', 0)}:{cid}"
-                states.setdefault(at, {}).setdefault(call_key, {})[event["name"]] = kept
+                    elif event.ret is not UNSET:
+                        fact["ret"] = event.ret
             elif kind == "step":
-                if event["phase"] == "end":
+                if event.phase == "end":
                     facts["ended"] = True
-                    facts["stage"] = event.get("stage", facts["stage"])
-            elif kind == "meta" and event["what"] == DATALOADER_WORKERS_META:
-                announced = event.get("workers")
+                    facts["stage"] = event.stage
+            elif event.what == DATALOADER_WORKERS_META:
+                announced = event.workers
                 if announced.__class__ is int and announced > 0:
                     facts["workers_expected"] = facts.get("workers_expected", 0) + announced
         # until the step ends, a rank's stage is that of its latest event
-        if not facts["ended"] and events and events[-1]["stage"]:
-            facts["stage"] = events[-1]["stage"]
+        if not facts["ended"] and events and events[-1].stage:
+            facts["stage"] = events[-1].stage
 
     @staticmethod
-    def _fold_kwargs(fact: dict[str, Any], event: dict[str, Any], api: str, plan: FactPlan) -> None:
+    def _fold_kwargs(fact: dict[str, Any], kwargs: Any, api: str, plan: FactPlan) -> None:
         """Keyword arguments reported on the post event (``Module.forward``: global
         pre-hooks never see them) count as the call's arguments; a pre-event argument of
         the same name wins."""
-        kwargs = event.get("kwargs")
         keep = plan.keeps_args(api)
         if keep is False or not isinstance(kwargs, dict):
             return
-        args = fact.get("args")
-        if not isinstance(args, dict):
-            args = fact["args"] = {}
+        # a copy: the pre event's map may be the caller's own (a converted dict batch)
+        args = fact["args"] = dict(fact["args"]) if isinstance(fact.get("args"), dict) else {}
         for name, value in kwargs.items():
             if isinstance(name, str) and name not in args and (keep is None or name in keep):
                 args[name] = value
@@ -198,30 +210,35 @@ class WindowState:
         return None
 
     @staticmethod
-    def _call_fact(event: dict[str, Any], api: str, key: str, order: tuple[int, int], plan: FactPlan) -> dict[str, Any]:
+    def _call_fact(event: Any, api: str, key: str, seq: int, index: int, plan: FactPlan) -> dict[str, Any]:
+        parent = event.parent
+        phase = event.phase
         fact: dict[str, Any] = {
             "api": api,
             "key": key,
-            "parent": None if event.get("parent") is None else f"{event.get('pid', 0)}:{event['parent']}",
-            "stage": event.get("stage", ""),
-            "o": [order[0], order[1]],
-            "done": event["phase"] != "pre",
+            "parent": None if parent is None else f"{event.pid}:{parent}",
+            "stage": event.stage,
+            "o": [seq, index],
+            "done": phase != "pre",
         }
         # optional fields of the wrong type are "unknown", like missing ones
-        for name, kind in (("module", str), ("mtype", str), ("training", bool)):
-            if isinstance(event.get(name), kind):
-                fact[name] = event[name]
-        ctx = event.get("ctx")
-        if isinstance(ctx, dict):
+        if event.module.__class__ is str:
+            fact["module"] = event.module
+        if event.mtype.__class__ is str:
+            fact["mtype"] = event.mtype
+        if event.training.__class__ is bool:
+            fact["training"] = event.training
+        ctx = event.ctx
+        if ctx.__class__ is dict:
             fact["ctx"] = ctx
         keep = plan.keeps_args(api)
-        args = event.get("args")
-        if keep is not False and isinstance(args, dict):
-            fact["args"] = dict(args) if keep is None else {k: v for k, v in args.items() if k in keep}
-        if event["phase"] == "exc":
+        args = event.args
+        if keep is not False and args.__class__ is dict:
+            fact["args"] = args if keep is None else {k: v for k, v in args.items() if k in keep}
+        if phase == "exc":
             fact["exc"] = True
-        elif event["phase"] == "post" and "ret" in event:
-            fact["ret"] = event["ret"]
+        elif phase == "post" and event.ret is not UNSET:
+            fact["ret"] = event.ret
         return fact
 
     # ------------------------------------------------------------------ queries

@@ -37,7 +37,6 @@ from typing import Any, Callable, TextIO
 import faust
 import msgpack
 
-from invariants.codec import decode_batch
 from invariants.events import SchemaError
 from invariants.step_summary import StepSummary, StepSummaryBuilder
 from invariants.trends import TrendMonitor, TrendRules
@@ -221,15 +220,15 @@ class StreamChecker:
     async def _on_batch(self, message: Any) -> None:
         payload = message.value if message.value is not None else b""
         try:
-            batch = decode_batch(payload, max_bytes=self.config.max_batch_bytes)
+            batch = self.engine.decode(payload, self.config.max_batch_bytes)
         except SchemaError as exc:
             await self._dead_letter(message, exc.reason, str(exc))
             return
-        run, step, rank, seq = batch["run"], batch["step"], batch["rank"], batch["seq"]
-        events = batch["events"]
-        pid = batch.get("pid")
+        run, step, rank, seq = batch.run, batch.step, batch.rank, batch.seq
+        events = batch.events
+        pid = batch.pid
         if not isinstance(pid, int) or isinstance(pid, bool):
-            pid = events[0]["pid"] if events else 0
+            pid = events[0].pid if events else 0
         key = window_key(run, step)
         raw = self.windows.get(key)
         record, window = self._load(key, raw)
@@ -237,7 +236,7 @@ class StreamChecker:
             return  # redelivered after a restart or takeover: already folded (or judged)
         producer_ts = float(message.timestamp) if message.timestamp else None
         self.metrics.batch_consumed(run, len(events), producer_ts)
-        self._observe_meta(run, rank, events)
+        lifecycle = self._observe_meta(run, rank, events)
         now = self.clock()
         if record is None:
             _, run_state = self._run_state(run, message.partition)
@@ -263,27 +262,26 @@ class StreamChecker:
         record.last_batch_at = now
         if producer_ts:
             record.newest_producer_ts = max(record.newest_producer_ts, producer_ts)
-        for event in events:
-            if event["kind"] == "meta" and event.get("what") in ("run_start", "run_end"):
-                record.lifecycle.append([rank, event["what"]])
+        record.lifecycle.extend([rank, what] for what in lifecycle)
         if self.engine.complete(window):
             await self._close(key, record, window, forced=False)
         else:
             self._store(key, record, window)
 
-    def _observe_meta(self, run: str, rank: int, events: list[dict[str, Any]]) -> None:
-        newest = 0
+    def _observe_meta(self, run: str, rank: int, events: list[Any]) -> list[str]:
+        """Producer counters to the metrics; returns the batch's run_start/run_end marks."""
+        if events:
+            # events are in emission order: the last one is the producer's newest
+            self.metrics.event_time(run, events[-1].t)
+        lifecycle = []
         for event in events:
-            t = event["t"]
-            if t > newest:
-                newest = t
-            if event["kind"] != "meta":
+            if event.KIND != "meta":
                 continue
-            what = event.get("what")
-            if what == "producer_stats":
-                self.metrics.producer_stats(run, (rank, event["pid"]), event)
-        if newest:
-            self.metrics.event_time(run, newest)
+            if event.what == "producer_stats":
+                self.metrics.producer_stats(run, (rank, event.pid), event.stats())
+            elif event.what in ("run_start", "run_end"):
+                lifecycle.append(event.what)
+        return lifecycle
 
     async def _on_tick(self, message: Any) -> None:
         key = message.key

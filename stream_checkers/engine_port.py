@@ -22,6 +22,8 @@ class EnginePort:
     engine: Any
     window_type: Any
     run_state_type: Any
+    #: the typed decoder for this invariant set (`invariants.wire`)
+    wire: Any = None
 
     @classmethod
     def load(cls, invariants_path: str | None) -> "EnginePort":
@@ -37,16 +39,27 @@ class EnginePort:
                 invariant_set = load_default_set()
         except (OSError, ValueError) as exc:
             raise InvariantsUnavailable(str(exc)) from exc
-        return cls(engine_module.Engine(invariant_set), engine_module.WindowState, engine_module.RunState)
+        from invariants.step_summary import SUMMARY_STATE_ATTRS
+        from invariants.wire import wire_types
+
+        engine = engine_module.Engine(invariant_set)
+        # decode only the snapshot attributes the fold keeps and the step summary reads
+        kept = engine.plan.kept_attrs()
+        wire = wire_types(None if kept is None else (*kept, *SUMMARY_STATE_ATTRS))
+        return cls(engine, engine_module.WindowState, engine_module.RunState, wire)
 
     @property
     def invariant_count(self) -> int:
         return len(self.engine.invariant_set)
 
+    def decode(self, payload: bytes, max_bytes: int) -> Any:
+        """One message as a typed batch; a `SchemaError` names what is wrong with it."""
+        return self.wire.decode(payload, max_bytes=max_bytes)
+
     def open(self, run: str, step: int) -> Any:
         return self.engine.new_window(run, step)
 
-    def add(self, window: Any, batch: dict[str, Any]) -> None:
+    def add(self, window: Any, batch: Any) -> None:
         self.engine.add_batch(window, batch)
 
     def complete(self, window: Any) -> bool:

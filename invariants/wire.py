@@ -1,0 +1,181 @@
+"""Typed decoding of batches for the checkers' hot path.
+
+`codec.decode_batch` turns a message into plain dicts and then validates every event
+in Python.  For a checker that is most of the cost of a message: allocating a dict
+per event and per attribute map, walking them again to validate, and freeing them
+again after the fold has copied out the few facts it keeps.  Here the contract of
+`events` is written as msgspec types instead, so one C pass validates the envelope and
+the kind-specific fields while it decodes, builds one slotted object per event, and
+skips — without allocating — the fields no checker reads.  Snapshot attribute maps
+are decoded into only the attributes the deployed invariants (and the step summary)
+look at, so the fold keeps the decoded map as it is instead of copying it.
+
+Equivalence with `decode_batch` is the rule: a message is accepted here exactly when
+it is accepted there.  Anything msgspec rejects is handed to `decode_batch`, which
+produces the precise `SchemaError` reason and message the dead-letter topic and the
+metrics use.  (One tightening: snapshot attribute names must be strings, which every
+producer sends; a map with other keys is rejected as ``wrong_type``.)
+
+Field types: the contract's required fields are typed exactly (``int`` rejects bools
+and floats as the Python validator does); optional ones are ``Any`` so that the typed
+path is never stricter than the dict path.  `UNSET` marks an optional field that was
+absent, where absent and None mean different things (a call's return value).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, ClassVar, Iterable, Literal, Mapping, TypedDict, Union
+
+import msgspec
+
+from .codec import MAX_BATCH_BYTES, _extension, decode_batch
+from .events import SUPPORTED_VERSIONS, SchemaError
+
+UNSET: Any = msgspec.UNSET
+
+
+class CallEvent(msgspec.Struct, tag_field="kind", tag="call", gc=False):
+    KIND: ClassVar[str] = "call"
+    t: int
+    pid: int
+    tid: int
+    stage: str
+    name: str
+    phase: Literal["pre", "post", "exc"]
+    cid: int
+    api: Any = None
+    parent: Any = None
+    args: Any = None
+    kwargs: Any = None
+    ret: Any = UNSET
+    exc: Any = None
+    msg: Any = None
+    ctx: Any = None
+    module: Any = None
+    mtype: Any = None
+    training: Any = None
+
+
+class StateEvent(msgspec.Struct, tag_field="kind", tag="state", gc=False):
+    """``attrs`` holds every attribute here; a plan's decoder narrows it (`wire_types`)."""
+
+    KIND: ClassVar[str] = "state"
+    t: int
+    pid: int
+    tid: int
+    stage: str
+    name: str
+    attrs: dict[str, Any]
+    at: Any = None
+    vtype: Any = UNSET
+    cid: Any = None
+
+
+class StepEvent(msgspec.Struct, tag_field="kind", tag="step", gc=False):
+    KIND: ClassVar[str] = "step"
+    t: int
+    pid: int
+    tid: int
+    stage: str
+    phase: Literal["begin", "end"]
+    final: Any = None
+
+
+class MetaEvent(msgspec.Struct, tag_field="kind", tag="meta", gc=False):
+    """Only the meta fields a checker acts on; the rest (versions, argv) is skipped."""
+
+    KIND: ClassVar[str] = "meta"
+    t: int
+    pid: int
+    tid: int
+    stage: str
+    what: str
+    workers: Any = None
+    dropped_events: Any = None
+    dropped_batches: Any = None
+
+    def stats(self) -> dict[str, Any]:
+        """The producer counters of a ``producer_stats`` event, as the metrics read them."""
+        return {"dropped_events": self.dropped_events, "dropped_batches": self.dropped_batches}
+
+
+WireEvent = Union[CallEvent, StateEvent, StepEvent, MetaEvent]
+
+
+class WireBatch(msgspec.Struct, gc=False):
+    v: int
+    run: str
+    rank: int
+    world: int
+    step: int
+    seq: int
+    events: list[WireEvent]
+    pid: Any = None
+
+
+@dataclass(frozen=True)
+class WireTypes:
+    """The batch type of one attribute selection and the decoder/converter built on it."""
+
+    batch: type
+    state: type
+    decoder: msgspec.msgpack.Decoder
+
+    def decode(self, payload: bytes, *, max_bytes: int = MAX_BATCH_BYTES) -> Any:
+        """Decode and validate one message; every failure is a `SchemaError`."""
+        if len(payload) > max_bytes:
+            raise SchemaError("oversized", f"batch of {len(payload)} bytes exceeds {max_bytes}")
+        try:
+            batch = self.decoder.decode(payload)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            decode_batch(payload, max_bytes=max_bytes)  # raises the contract's own reason
+            raise SchemaError("wrong_type", f"batch: {exc}") from None
+        return _check_header(batch)
+
+    def convert(self, batch: Mapping[str, Any]) -> Any:
+        """An in-memory dict batch (tests, synthetic runs) as this selection's type."""
+        try:
+            return _check_header(msgspec.convert(batch, self.batch))
+        except msgspec.ValidationError as exc:
+            raise SchemaError("wrong_type", f"batch: {exc}") from None
+
+
+def _check_header(batch: Any) -> Any:
+    """The value checks `validate_batch` makes beyond types."""
+    if batch.v not in SUPPORTED_VERSIONS:
+        raise SchemaError(
+            "unknown_version",
+            f"batch schema version {batch.v} is not supported (this build reads {sorted(SUPPORTED_VERSIONS)})",
+        )
+    if batch.rank < 0 or batch.world < 1 or batch.rank >= batch.world:
+        raise SchemaError("bad_value", f"batch: rank {batch.rank} is outside world size {batch.world}")
+    if batch.step < 0:
+        raise SchemaError("bad_value", f"batch: negative step {batch.step}")
+    return batch
+
+
+def wire_types(attr_names: Iterable[str] | None = None) -> WireTypes:
+    """Types decoding snapshot attributes ``attr_names`` only (all of them for None)."""
+    return _wire_types(None if attr_names is None else frozenset(attr_names))
+
+
+@lru_cache(maxsize=16)
+def _wire_types(attr_names: frozenset[str] | None) -> WireTypes:
+    if attr_names is None:
+        state: type = StateEvent
+        batch: type = WireBatch
+    else:
+        # Unknown keys of a TypedDict are skipped by the decoder: the map holds only
+        # the selected attributes, so the fold can keep it without copying.
+        attrs = TypedDict("SelectedAttrs", {name: Any for name in sorted(attr_names)}, total=False)  # type: ignore[misc]
+        state = msgspec.defstruct(
+            "SelectedStateEvent", [("attrs", attrs)], bases=(StateEvent,),
+            tag_field="kind", tag="state", gc=False,
+        )
+        batch = msgspec.defstruct(
+            "SelectedWireBatch", [("events", list[Union[CallEvent, state, StepEvent, MetaEvent]])],  # type: ignore[valid-type]
+            bases=(WireBatch,), gc=False,
+        )
+    return WireTypes(batch=batch, state=state, decoder=msgspec.msgpack.Decoder(batch, ext_hook=_extension))
