@@ -23,6 +23,7 @@ import msgpack
 from .events import Batch
 from .invariant_set import InvariantSet
 from .model import Violation
+from .precondition import needs_records
 from .relations import ALL_RANKS_REPORT
 from .relations.base import WindowView
 from .relations.consistent import replication_baseline, tie_baseline
@@ -131,17 +132,20 @@ class Engine:
         view = WindowView(window, run_state.rank_local, run_state.variable_counts, run_state.ties)
         found: dict[str, Violation] = {}
         counts: dict[str, int] = {}
-        for relation, families in self.invariant_set.by_family.items():
+        for families in self.invariant_set.by_family.values():
             template = next(iter(families.values()))[0].template
+            holds, applicable = template.holds, template.applicable
             for site in template.sites(view, families):
                 for compiled in families.get(site.family, ()):
                     value = compiled.value
                     if value is None:
                         if site.observed:
                             continue
-                    elif not template.applicable(value, site) or template.holds(value, site):
+                    elif not applicable(value, site) or holds(value, site):
                         continue
-                    if not compiled.predicate(site.get_records()):
+                    predicate = compiled.predicate
+                    # records are built only for rules with a precondition to test
+                    if needs_records(predicate) and not predicate(site.get_records()):
                         continue
                     self._record(found, counts, compiled, template, site, window)
         if self.report_missing_ranks:
@@ -157,9 +161,9 @@ class Engine:
 
     def _record(self, found: dict[str, Violation], counts: dict[str, int], compiled: Any, template: Any,
                 site: Any, window: WindowState) -> None:
+        """Count a failing site; its evidence is built only while the violation keeps it."""
         inv = compiled.invariant
         existing = found.get(inv.id)
-        evidence = template.violation_evidence(inv.params, site)
         if existing is None:
             found[inv.id] = Violation(
                 invariant=inv.id,
@@ -169,16 +173,18 @@ class Engine:
                 step=window.step,
                 ranks=sorted(set(site.ranks)),
                 stage=site.stage or window.stage(),
-                evidence={"first": evidence},
+                evidence={"first": template.violation_evidence(inv.params, site)},
                 hint=template.hint(inv.params),
             )
             counts[inv.id] = 1
             return
         counts[inv.id] += 1
-        existing.ranks = sorted(set(existing.ranks) | set(site.ranks))
+        ranks = existing.ranks
+        if any(rank not in ranks for rank in site.ranks):
+            existing.ranks = sorted(set(ranks) | set(site.ranks))
         more = existing.evidence.setdefault("more", [])
         if len(more) < MAX_EVIDENCE_ITEMS - 1:
-            more.append(evidence)
+            more.append(template.violation_evidence(inv.params, site))
 
     def _record_missing(self, found: dict[str, Violation], window: WindowState, missing: list[int]) -> None:
         inv = ALL_RANKS_REPORT

@@ -242,5 +242,5 @@ class APIOutput(Template):
 
     def violation_evidence(self, params: Mapping[str, Any], site: Site) -> dict[str, Any]:
         if params["form"] == "constant":
-            return dict(site.evidence, expected=params["value"])
-        return site.evidence
+            return dict(site.get_evidence(), expected=params["value"])
+        return site.get_evidence()

@@ -43,7 +43,9 @@ class Site:
     records: Any
     ranks: list[int]
     stage: str
-    evidence: dict[str, Any] = field(default_factory=dict)
+    #: what a violation at this site reports, or a zero-argument function building it:
+    #: most failing sites are rejected by a precondition or exceed the evidence kept
+    evidence: Any = field(default_factory=dict)
     #: template-private detail for `Template.applicable` (e.g. which variables exist)
     context: Any = None
 
@@ -51,6 +53,11 @@ class Site:
         if callable(self.records):
             self.records = self.records()
         return self.records
+
+    def get_evidence(self) -> dict[str, Any]:
+        if callable(self.evidence):
+            self.evidence = self.evidence()
+        return self.evidence
 
 
 def lazy(build: Callable[[], list[Record]]) -> Callable[[], list[Record]]:
@@ -169,20 +176,33 @@ class WindowView:
         return record
 
     def state_record(self, attrs: Mapping[str, Any], rank: int) -> Record:
-        record: Record = {"stage": attrs.get("stage", ""), "rank": rank, "step_is_first": self.step == 0}
+        get = attrs.get
+        record: Record = {"stage": get("stage", ""), "rank": rank, "step_is_first": self.step == 0}
         # snapshot attributes of an unexpected type are "unknown", like missing ones
-        for name, kind in (("vtype", str), ("mtype", str), ("dtype", str), ("requires_grad", bool), ("is_leaf", bool)):
-            value = attrs.get(name)
-            if isinstance(value, kind):
-                record[name] = value
+        # (unrolled: checking builds one record per failing variable site)
+        value = get("vtype")
+        if isinstance(value, str):
+            record["vtype"] = value
+        value = get("mtype")
+        if isinstance(value, str):
+            record["mtype"] = value
+        value = get("dtype")
+        if isinstance(value, str):
+            record["dtype"] = value
+        value = get("requires_grad")
+        if isinstance(value, bool):
+            record["requires_grad"] = value
+        value = get("is_leaf")
+        if isinstance(value, bool):
+            record["is_leaf"] = value
         if "grad_digest" in attrs or "grad_norm" in attrs:
-            record["has_grad"] = attrs.get("grad_digest") is not None
-            norm = attrs.get("grad_norm")
+            record["has_grad"] = get("grad_digest") is not None
+            norm = get("grad_norm")
             if isinstance(norm, (int, float)) and not isinstance(norm, bool):
                 record["grad_nonzero"] = norm > 0
                 # A gradient many orders of magnitude below the weights (e.g. a conv bias
                 # feeding a BatchNorm) can leave float32 weights bit-identical after a step.
-                data_norm = attrs.get("data_norm")
+                data_norm = get("data_norm")
                 if isinstance(data_norm, (int, float)) and not isinstance(data_norm, bool):
                     record["grad_significant"] = norm > SIGNIFICANT_GRAD_RATIO * data_norm if data_norm > 0 else norm > 0
         return record
@@ -254,4 +274,4 @@ class Template:
         return True
 
     def violation_evidence(self, params: Mapping[str, Any], site: Site) -> dict[str, Any]:
-        return site.evidence
+        return site.get_evidence()

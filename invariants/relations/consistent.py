@@ -315,7 +315,7 @@ class Consistent(Template):
 
     def violation_evidence(self, params: Mapping[str, Any], site: Site) -> dict[str, Any]:
         if params["scope"] in ("ranks", "aliases"):
-            return site.evidence
+            return site.get_evidence()
         names = site.context or {}
         attr = params["attr"]
         return {"a": params["a"], "b": params["b"], "attr": attr,

@@ -60,57 +60,66 @@ class EventContain(Template):
 
     # ------------------------------------------------------------------ state changes
     def _state_sites(self, view: WindowView, families: Any) -> Iterator[Site]:
+        checking = families is not None
         for rank in view.ranks():
             states = view.facts(rank)["states"]
             for at, per_call in states.items():
                 if not at.startswith("pre:"):
                     continue
                 api = at[4:]
-                wanted = [(a, e) for a, e in STATE_EFFECTS if families is None or ("state", api, a, e) in families]
-                if not wanted and not any(families is None or ("state", api, a, e) in families for a, e in CALL_EFFECTS):
+                wanted = [(a, e) for a, e in STATE_EFFECTS if not checking or ("state", api, a, e) in families]
+                per_call_wanted = [(a, e) for a, e in CALL_EFFECTS if not checking or ("state", api, a, e) in families]
+                if not wanted and not per_call_wanted:
                     continue
                 post_calls = states.get("post:" + api) or {}
-                per_call_wanted = [(a, e) for a, e in CALL_EFFECTS if families is None or ("state", api, a, e) in families]
                 for call_key, before in per_call.items():
                     after = post_calls.get(call_key)
                     if not after:
                         continue
                     for attr, effect in per_call_wanted:
                         site = _changes_some_site(view, rank, api, attr, effect, call_key, before, after)
-                        if site is not None and not (site.observed and families is not None):
+                        if site is not None and not (site.observed and checking):
                             yield site
-                    if len(wanted) == 0:
+                    if wanted:
+                        yield from self._variable_sites(view, rank, api, call_key, before, after, wanted, checking)
+
+    @staticmethod
+    def _variable_sites(view: WindowView, rank: int, api: str, call_key: str, before: Mapping[str, Any],
+                        after: Mapping[str, Any], wanted: list[tuple[str, str]], checking: bool) -> Iterator[Site]:
+        """Per-variable sites of one call; checking skips the effects that held."""
+        for name, pre_attrs in before.items():
+            post_attrs = after.get(name)
+            if post_attrs is None:
+                continue
+            record = None  # one lazy record per variable, shared by its effects
+            for attr, effect in wanted:
+                if effect == "cleared":
+                    if "grad_digest" not in post_attrs:
                         continue
-                    for name, pre_attrs in before.items():
-                        post_attrs = after.get(name)
-                        if post_attrs is None:
-                            continue
-                        record = lazy(lambda pre_attrs=pre_attrs: [view.state_record(pre_attrs, rank)])
-                        for attr, effect in wanted:
-                            if effect == "cleared":
-                                if "grad_digest" not in post_attrs:
-                                    continue
-                                holds = _cleared(post_attrs)
-                            else:
-                                if attr not in pre_attrs or attr not in post_attrs:
-                                    continue
-                                same = pre_attrs[attr] == post_attrs[attr]
-                                if same and effect == "changes" and _negligible_grad(pre_attrs):
-                                    continue  # an update below float resolution proves nothing either way
-                                holds = (not same) if effect == "changes" else same
-                            if holds and families is not None:
-                                continue
-                            yield Site(
-                                family=("state", api, attr, effect),
-                                observed=holds,
-                                records=record,
-                                ranks=[rank],
-                                stage=pre_attrs.get("stage", ""),
-                                evidence={} if holds else {
-                                    "variable": name, "call": call_key,
-                                    "before": _attr_summary(pre_attrs, attr), "after": _attr_summary(post_attrs, attr),
-                                },
-                            )
+                    holds = _cleared(post_attrs)
+                else:
+                    if attr not in pre_attrs or attr not in post_attrs:
+                        continue
+                    same = pre_attrs[attr] == post_attrs[attr]
+                    if same and effect == "changes" and _negligible_grad(pre_attrs):
+                        continue  # an update below float resolution proves nothing either way
+                    holds = (not same) if effect == "changes" else same
+                if holds and checking:
+                    continue
+                if record is None:
+                    record = lazy(lambda pre_attrs=pre_attrs: [view.state_record(pre_attrs, rank)])
+                yield Site(
+                    family=("state", api, attr, effect),
+                    observed=holds,
+                    records=record,
+                    ranks=[rank],
+                    stage=pre_attrs.get("stage", ""),
+                    evidence={} if holds else (
+                        lambda name=name, pre_attrs=pre_attrs, post_attrs=post_attrs, attr=attr: {
+                            "variable": name, "call": call_key,
+                            "before": _attr_summary(pre_attrs, attr), "after": _attr_summary(post_attrs, attr),
+                        }),
+                )
 
     # ------------------------------------------------------------------ child calls
     def _call_sites(self, view: WindowView, families: Any) -> Iterator[Site]:
@@ -216,9 +225,9 @@ class EventContain(Template):
 
     def violation_evidence(self, params: Mapping[str, Any], site: Site) -> dict[str, Any]:
         if params["form"] == "state":
-            return site.evidence
+            return site.get_evidence()
         expected = params["child"] + (f" {params['args']}" if params.get("args") else "")
-        return dict(site.evidence, expected=expected)
+        return dict(site.get_evidence(), expected=expected)
 
 
 def _changes_some_site(view: WindowView, rank: int, api: str, attr: str, effect: str, call_key: str,

@@ -90,4 +90,4 @@ class APISequence(Template):
                 "(a refactored training loop, an early `continue`, a misplaced call)")
 
     def violation_evidence(self, params: Mapping[str, Any], site: Site) -> dict[str, Any]:
-        return dict(site.evidence, missing_before=params["first"])
+        return dict(site.get_evidence(), missing_before=params["first"])

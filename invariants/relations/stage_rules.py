@@ -171,7 +171,7 @@ class APIAbsent(Template):
                 "(e.g. a model/optimizer re-created, weights re-initialised, RNG re-seeded every step)")
 
     def violation_evidence(self, params: Mapping[str, Any], site: Site) -> dict[str, Any]:
-        return dict(site.evidence, step=site.observed)
+        return dict(site.get_evidence(), step=site.observed)
 
 
 class AllRanksReport(Template):
