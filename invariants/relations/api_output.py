@@ -28,7 +28,7 @@ they were given", whatever the user's sampler class is called.  Keyword argument
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 from ..window import FactPlan
 from .base import Site, Template, WindowView, freeze, is_scalar, lazy, thaw
@@ -110,6 +110,35 @@ def _numeric_outputs(ret: Any) -> dict[str, float]:
     return out
 
 
+def _names_a_bound(arg_name: Any) -> bool:
+    """An argument whose name says it limits something (``max_new_tokens``, ``limit``)."""
+    if not isinstance(arg_name, str):
+        return False
+    lowered = arg_name.lower()
+    return any(word in lowered for word in BOUND_WORDS)
+
+
+class _CheckPlan:
+    """What the deployed families of one evaluation ask for, looked up once per window
+    instead of testing every argument and property of every call."""
+
+    __slots__ = ("apis", "pairs", "same_as_input", "bound_args")
+
+    def __init__(self, families: Any) -> None:
+        self.apis = {f[1] for f in families}
+        #: (api, module type) pairs some rule is about
+        self.pairs = {(f[1], f[2]) for f in families}
+        #: (api, module type) -> (argument, property, family) of its same_as_input rules
+        self.same_as_input: dict[tuple[str, str], list[tuple[str, str, tuple]]] = {}
+        #: api -> names of the arguments its bounded rules are about
+        self.bound_args: dict[str, set[str]] = {}
+        for family in families:
+            if family[0] == "same_as_input":
+                self.same_as_input.setdefault((family[1], family[2]), []).append((family[3], family[4], family))
+            elif family[0] == "bounded":
+                self.bound_args.setdefault(family[1], set()).add(family[3])
+
+
 class APIOutput(Template):
     relation = "APIOutput"
 
@@ -117,76 +146,104 @@ class APIOutput(Template):
         return family[0] == "constant"
 
     def sites(self, view: WindowView, families: Any = None) -> Iterator[Site]:
-        # checking: only (api, module type) pairs some deployed rule is about
-        wanted = None if families is None else {(f[1], f[2]) for f in families}
+        plan = None if families is None else _CheckPlan(families)
         for rank in view.ranks():
-            for call in view.calls(rank):
+            if plan is None:
+                calls: Iterable[dict[str, Any]] = view.calls(rank)
+            else:  # checking: only calls of APIs some deployed rule is about
+                by_api = view.calls_by_api(rank)
+                calls = [call for api in plan.apis if api in by_api for call in by_api[api]]
+            for call in calls:
                 if "ret" not in call or call.get("exc"):
                     continue
-                api = call["api"]
                 # module forwards differ by module type: a rule is about one type
-                mtype = call.get("mtype") or ""
-                if wanted is not None and (api, mtype) not in wanted and (api, "") not in wanted:
+                if plan is not None and (call["api"], call.get("mtype") or "") not in plan.pairs \
+                        and (call["api"], "") not in plan.pairs:
                     continue
-                ret = call["ret"]
-                stage = call.get("stage", "")
-                record = lazy(lambda call=call, rank=rank: [view.call_record(call, rank)])
-                if isinstance(ret, dict):
-                    for prop in CONSTANT_PROPS:
-                        value = ret.get(prop)
-                        family = ("constant", api, mtype, prop)
-                        if value is None or not is_scalar(value) or (families is not None and family not in families):
-                            continue
-                        yield Site(family, frozenset([value]), record, [rank], stage,
-                                   {"call": call["key"], "module": call.get("module"), "observed": value})
-                args = call.get("args") or {}
-                if isinstance(ret, dict) and api == MODULE_FORWARD and mtype:
-                    site = _batch_keeping_site(view, call, rank, stage, args.get("0"), ret, families)
-                    if site is not None:
-                        yield site
-                if isinstance(ret, dict):
-                    for arg_name, arg in args.items():
-                        if not isinstance(arg, dict):
-                            continue
-                        for prop in INPUT_PROPS:
-                            family = ("same_as_input", api, mtype, arg_name, prop)
-                            if families is not None and family not in families:
-                                continue
-                            before, after = _prop(arg, prop), _prop(ret, prop)
-                            if before is None or after is None:
-                                continue
-                            holds = before == after
-                            if holds and families is not None:
-                                continue
-                            yield Site(family, holds, record, [rank], stage,
-                                       {} if holds else {"call": call["key"], "module": call.get("module"),
-                                                         "input": before, "output": after})
-                outputs = _numeric_outputs(ret)
-                if outputs:
-                    for arg_name, limit in args.items():
-                        if not any(w in arg_name.lower() for w in BOUND_WORDS):
-                            continue
-                        if not isinstance(limit, (int, float)) or isinstance(limit, bool):
-                            continue
-                        scopes = [mtype]
-                        if mtype and api == MODULE_FORWARD and arg_name in GENERATION_BUDGETS and _is_token_ids(ret):
-                            scopes.append("")  # the type-free generation-budget rule
-                        for out_name, out_value in outputs.items():
-                            for scope in scopes:
-                                family = ("bounded", api, scope, arg_name, out_name)
-                                if families is not None and family not in families:
-                                    continue
-                                holds = out_value <= limit
-                                if holds and families is not None:
-                                    continue
-                                # A generation budget binds in every stage, precision and grad
-                                # mode: the type-free rule keeps no context one reference
-                                # happened to sample in, which would only blind it elsewhere.
-                                site_records = record if scope else (
-                                    lambda rank=rank: [{"rank": rank, "step_is_first": view.step == 0}])
-                                yield Site(family, holds, site_records, [rank], stage,
-                                           {} if holds else {"call": call["key"], "module": call.get("module"),
-                                                             "mtype": mtype, "limit": limit, out_name: out_value})
+                yield from self._call_sites(view, call, rank, families, plan)
+
+    @staticmethod
+    def _call_sites(view: WindowView, call: dict[str, Any], rank: int, families: Any,
+                    plan: "_CheckPlan | None") -> Iterator[Site]:
+        """The sites of one returned call (checking: only those of deployed families)."""
+        api = call["api"]
+        mtype = call.get("mtype") or ""
+        ret = call["ret"]
+        stage = call.get("stage", "")
+        record = None  # built on the first site, shared by all sites of the call
+
+        def call_records() -> Any:
+            nonlocal record
+            if record is None:
+                record = lazy(lambda: [view.call_record(call, rank)])
+            return record
+
+        if isinstance(ret, dict):
+            for prop in CONSTANT_PROPS:
+                family = ("constant", api, mtype, prop)
+                if families is not None and family not in families:
+                    continue
+                value = ret.get(prop)
+                if value is None or not is_scalar(value):
+                    continue
+                yield Site(family, frozenset([value]), call_records(), [rank], stage,
+                           lambda value=value: {"call": call["key"], "module": call.get("module"), "observed": value})
+        args = call.get("args") or {}
+        if isinstance(ret, dict) and api == MODULE_FORWARD and mtype:
+            site = _batch_keeping_site(view, call, rank, stage, args.get("0"), ret, families)
+            if site is not None:
+                yield site
+        if isinstance(ret, dict):
+            if plan is None:
+                candidates = [(arg_name, prop, ("same_as_input", api, mtype, arg_name, prop))
+                              for arg_name in args for prop in INPUT_PROPS]
+            else:
+                candidates = plan.same_as_input.get((api, mtype), ())
+            for arg_name, prop, family in candidates:
+                arg = args.get(arg_name)
+                if not isinstance(arg, dict):
+                    continue
+                before, after = _prop(arg, prop), _prop(ret, prop)
+                if before is None or after is None:
+                    continue
+                holds = before == after
+                if holds and families is not None:
+                    continue
+                yield Site(family, holds, call_records(), [rank], stage,
+                           {} if holds else (lambda before=before, after=after: {
+                               "call": call["key"], "module": call.get("module"), "input": before, "output": after}))
+        if plan is None:
+            limits = [(name, limit) for name, limit in args.items() if _names_a_bound(name)]
+        else:  # checking: only arguments some deployed bound is about
+            bound_args = plan.bound_args.get(api)
+            if not bound_args:
+                return
+            limits = [(name, limit) for name, limit in args.items() if name in bound_args and _names_a_bound(name)]
+        limits = [(name, limit) for name, limit in limits
+                  if isinstance(limit, (int, float)) and not isinstance(limit, bool)]
+        outputs = _numeric_outputs(ret) if limits else None
+        if not outputs:
+            return
+        for arg_name, limit in limits:
+            scopes = [mtype]
+            if mtype and api == MODULE_FORWARD and arg_name in GENERATION_BUDGETS and _is_token_ids(ret):
+                scopes.append("")  # the type-free generation-budget rule
+            for out_name, out_value in outputs.items():
+                for scope in scopes:
+                    family = ("bounded", api, scope, arg_name, out_name)
+                    if families is not None and family not in families:
+                        continue
+                    holds = out_value <= limit
+                    if holds and families is not None:
+                        continue
+                    # A generation budget binds in every stage, precision and grad
+                    # mode: the type-free rule keeps no context one reference
+                    # happened to sample in, which would only blind it elsewhere.
+                    site_records = call_records() if scope else (
+                        lambda: [{"rank": rank, "step_is_first": view.step == 0}])
+                    yield Site(family, holds, site_records, [rank], stage,
+                               {} if holds else {"call": call["key"], "module": call.get("module"),
+                                                 "mtype": mtype, "limit": limit, out_name: out_value})
 
     def params(self, family: tuple, value: Any) -> dict[str, Any]:
         form, api, mtype = family[0], family[1], family[2]

@@ -115,6 +115,7 @@ class WindowView:
         #: [alias, primary] pairs tied at step 0 (see `consistent.tie_baseline`)
         self.ties: list = ties or []
         self._calls: dict[int, list[dict[str, Any]]] = {}
+        self._calls_by_api: dict[int, dict[str, list[dict[str, Any]]]] = {}
         self._children: dict[int, dict[str, list[dict[str, Any]]]] = {}
 
     def ranks(self) -> list[int]:
@@ -128,6 +129,24 @@ class WindowView:
         if cached is None:
             cached = sorted_calls(self.window.ranks[rank])
             self._calls[rank] = cached
+        return cached
+
+    def calls_by_api(self, rank: int) -> dict[str, list[dict[str, Any]]]:
+        """API -> the rank's calls of it in emission order.
+
+        Checking walks only the APIs deployed rules name; since every family is about
+        one API, each family still sees its sites in emission order.
+        """
+        cached = self._calls_by_api.get(rank)
+        if cached is None:
+            cached = {}
+            for call in self.calls(rank):
+                group = cached.get(call["api"])
+                if group is None:
+                    cached[call["api"]] = [call]
+                else:
+                    group.append(call)
+            self._calls_by_api[rank] = cached
         return cached
 
     def children(self, rank: int) -> dict[str, list[dict[str, Any]]]:

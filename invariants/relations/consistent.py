@@ -39,9 +39,15 @@ MAX_TIE_GROUP = 4
 
 
 def _latest_by_name(facts: dict[str, Any], at: str) -> dict[str, dict[str, Any]]:
-    """name -> attrs of the last snapshot at ``at`` (later calls win; call keys sort by pid:cid)."""
-    merged: dict[str, dict[str, Any]] = {}
+    """name -> attrs of the last snapshot at ``at`` (later calls win; call keys sort by pid:cid).
+
+    Read-only: with a single snapshotting call (the common case) this is the window's
+    own mapping, not a copy.
+    """
     per_call = facts["states"].get(at) or {}
+    if len(per_call) == 1:
+        return next(iter(per_call.values()))
+    merged: dict[str, dict[str, Any]] = {}
     for call_key in sorted(per_call, key=_call_order):
         merged.update(per_call[call_key])
     return merged
@@ -97,6 +103,47 @@ def replication_baseline(window: Any) -> dict[str, list[str]]:
     return result
 
 
+def _differing_attrs(reference: Mapping[str, dict], others: list[Mapping[str, dict]], wanted: list[str]) -> list[str]:
+    """The attributes in ``wanted`` whose value differs from ``reference`` for some
+    variable on some other rank (all mappings hold the same names).  Replicas usually
+    hold equal snapshots, which one dict comparison settles per variable."""
+    differing: set[str] = set()
+    for other in others:
+        for name, ref_attrs in reference.items():
+            attrs = other[name]
+            if attrs is ref_attrs or attrs == ref_attrs:
+                continue
+            for attr in wanted:
+                mine, theirs = attrs.get(attr), ref_attrs.get(attr)
+                if mine is not theirs and not mine == theirs:
+                    differing.add(attr)
+            if len(differing) == len(wanted):
+                return wanted
+    return [a for a in wanted if a in differing]
+
+
+def _odd_ranks(holders: list[int], frozen: dict[int, Any]) -> list[int]:
+    """Ranks outside the majority value; all holders when there is no majority."""
+    counts: dict[Any, int] = {}
+    for v in frozen.values():
+        counts[v] = counts.get(v, 0) + 1
+    if len(counts) == len(holders):  # every value is different: no majority
+        return holders
+    majority = max(counts.items(), key=lambda kv: (kv[1], repr(kv[0])))[0]
+    return [r for r in holders if frozen[r] != majority] if counts[majority] > 1 else holders
+
+
+def _drift_evidence(snapshots: dict[int, dict[str, dict]], name: str, attr: str, values: dict[int, Any],
+                    holders: list[int]) -> dict[str, Any]:
+    evidence = {"variable": name, "attr": attr, "values_by_rank": {str(r): values[r] for r in holders}}
+    # digests say *that* replicas differ; norms hint at how much
+    norm_name = "grad_norm" if attr == "grad_digest" else "data_norm"
+    norms = {str(r): snapshots[r][name].get(norm_name) for r in holders}
+    if any(v is not None for v in norms.values()):
+        evidence[f"{norm_name}_by_rank"] = norms
+    return evidence
+
+
 def _framework_sharded(attrs: Mapping[str, Any]) -> bool:
     """A variable its framework marks as a shard or expert (Megatron/DeepSpeed attributes
     captured by the producer as ``parallel``) is not a replica, even when it starts
@@ -132,7 +179,11 @@ class Consistent(Template):
         points: set[str] = set()
         for rank in ranks:
             points.update(view.facts(rank)["states"])
+        # checking: every family names its snapshot point; skip the others unread
+        wanted_points = None if families is None else {f[1] for f in families}
         for at in sorted(points):
+            if wanted_points is not None and at not in wanted_points:
+                continue
             snapshots = {rank: _latest_by_name(view.facts(rank), at) for rank in ranks}
             yield from self._rank_sites(view, at, snapshots, families)
             yield from self._tie_sites(view, at, snapshots, families)
@@ -145,19 +196,17 @@ class Consistent(Template):
         wanted = [a for a in RANK_ATTRS if families is None or ("ranks", at, a) in families]
         if not wanted:
             return
-        names = sorted(set().union(*(snapshots[r].keys() for r in present)))
         # rank-local variables (expert/tensor-parallel shards) are not replicas
         local = {a: set(view.rank_local.get(a, ())) for a in wanted}
         has_local = any(local.values())
         if families is not None and not has_local:
             # checking: most steps agree everywhere; compare whole columns first
             reference = snapshots[present[0]]
-            if all(len(snapshots[r]) == len(names) for r in present):
-                wanted = [a for a in wanted
-                          if any([snapshots[r][n].get(a) for n in names] != [reference[n].get(a) for n in names]
-                                 for r in present[1:])]
+            if all(snapshots[r].keys() == reference.keys() for r in present[1:]):
+                wanted = _differing_attrs(reference, [snapshots[r] for r in present[1:]], wanted)
                 if not wanted:
                     return
+        names = sorted(set().union(*(snapshots[r].keys() for r in present)))
         for name in names:
             holders = [r for r in present if name in snapshots[r]]
             if len(holders) < 2:
@@ -180,27 +229,17 @@ class Consistent(Template):
                     frozen = {r: freeze(v) for r, v in values.items()}
                     holds = len(set(frozen.values())) == 1
                 if holds:
-                    evidence: dict[str, Any] = {}
-                    odd = holders
-                else:
-                    counts: dict[Any, int] = {}
-                    for v in frozen.values():
-                        counts[v] = counts.get(v, 0) + 1
-                    majority = max(counts.items(), key=lambda kv: (kv[1], repr(kv[0])))[0]
-                    odd = [r for r in holders if frozen[r] != majority] if counts[majority] > 1 else holders
-                    evidence = {"variable": name, "attr": attr, "values_by_rank": {str(r): values[r] for r in holders}}
-                    # digests say *that* replicas differ; norms hint at how much
-                    norm_name = "grad_norm" if attr == "grad_digest" else "data_norm"
-                    norms = {str(r): snapshots[r][name].get(norm_name) for r in holders}
-                    if any(v is not None for v in norms.values()):
-                        evidence[f"{norm_name}_by_rank"] = norms
+                    yield Site(("ranks", at, attr), True, records, holders,
+                               snapshots[holders[0]][name].get("stage", ""), {})
+                    continue
                 yield Site(
                     family=("ranks", at, attr),
-                    observed=holds,
+                    observed=False,
                     records=records,
-                    ranks=odd,
+                    ranks=_odd_ranks(holders, frozen),
                     stage=snapshots[holders[0]][name].get("stage", ""),
-                    evidence=evidence,
+                    evidence=lambda name=name, attr=attr, values=values, holders=holders: _drift_evidence(
+                        snapshots, name, attr, values, holders),
                 )
 
     def _tie_sites(self, view: WindowView, at: str, snapshots: dict[int, dict[str, dict]], families: Any) -> Iterator[Site]:
