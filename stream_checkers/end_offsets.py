@@ -44,10 +44,10 @@ class FetchHighwaterProbe:
     def end_offsets(self, partitions: Iterable[TP], hints: Mapping[TP, int] | None = None) -> dict[TP, int]:
         """The fetch high-watermark of each partition (blocking; run it off the event loop).
 
-        ``hints`` (ListOffsets answers) only choose where to fetch from, so that the probe
-        reads about one batch per partition rather than the whole changelog; a hint that
-        points past the end is answered by the broker with an out-of-range error, and the
-        probe then starts from the beginning.  Partitions that gave no answer within the
+        ``hints`` (ListOffsets answers, or the offset an agent waits at) only choose where
+        to fetch from, so that the probe reads about one batch per partition rather than
+        the whole log; a hint that points past the end is answered by the broker with an
+        out-of-range error, and the probe then starts from the beginning.  Partitions that gave no answer within the
         timeout are left out.
         """
         from kafka import KafkaConsumer, TopicPartition
@@ -61,6 +61,7 @@ class FetchHighwaterProbe:
             auto_offset_reset="earliest",  # an out-of-range hint restarts from the beginning
             max_partition_fetch_bytes=1,  # the broker still returns one whole batch
             fetch_max_wait_ms=50,
+            check_crcs=False,  # only the high-watermark is read; kafka-python checks CRCs in Python
             **self.client_kwargs,
         )
         try:
@@ -100,6 +101,7 @@ class FetchHighwaterProbe:
             auto_offset_reset="earliest",
             max_partition_fetch_bytes=1,
             fetch_max_wait_ms=50,
+            check_crcs=False,  # only offsets are read
             **self.client_kwargs,
         )
         try:

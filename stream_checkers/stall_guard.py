@@ -93,7 +93,8 @@ class StallGuard:
         self._busy = True
         try:
             loop = asyncio.get_running_loop()
-            ends = await loop.run_in_executor(None, self.probe.end_offsets, list(quiet), None)
+            # fetched from where the agent waits, so the probe reads about one batch, not the log
+            ends = await loop.run_in_executor(None, self.probe.end_offsets, list(quiet), dict(quiet))
             stalled = [tp for tp, expected in quiet.items() if ends.get(tp, 0) > expected]
             for tp in stalled:
                 if tp not in consumer.assignment():
