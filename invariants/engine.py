@@ -132,10 +132,9 @@ class Engine:
         view = WindowView(window, run_state.rank_local, run_state.variable_counts, run_state.ties)
         found: dict[str, Violation] = {}
         counts: dict[str, int] = {}
-        for families in self.invariant_set.by_family.values():
-            template = next(iter(families.values()))[0].template
+        for template, families, plan in self._checks():
             holds, applicable = template.holds, template.applicable
-            for site in template.sites(view, families):
+            for site in template.sites(view, families, plan):
                 for compiled in families.get(site.family, ()):
                     value = compiled.value
                     if value is None:
@@ -158,6 +157,21 @@ class Engine:
                 found[vid].evidence["sites"] = count
         self._update_run_state(window, run_state, len(violations))
         return violations
+
+    def _checks(self) -> list[tuple[Any, dict[tuple, list], Any]]:
+        """(template, families, check plan) per relation of the deployed set.
+
+        Built on the first evaluation and kept with the set it was built from: plans
+        depend on the deployed families only, never on a window.
+        """
+        cached = getattr(self, "_checks_of", None)
+        if cached is None or cached[0] is not self.invariant_set:
+            checks = []
+            for families in self.invariant_set.by_family.values():
+                template = next(iter(families.values()))[0].template
+                checks.append((template, families, template.check_plan(families)))
+            cached = self._checks_of = (self.invariant_set, checks)
+        return cached[1]
 
     def _record(self, found: dict[str, Violation], counts: dict[str, int], compiled: Any, template: Any,
                 site: Any, window: WindowState) -> None:

@@ -30,15 +30,27 @@ class APIArg(Template):
     def allows_precondition(self, family: tuple) -> bool:
         return family[0] == "ranks"
 
-    def sites(self, view: WindowView, families: Any = None) -> Iterator[Site]:
+    def check_plan(self, families: Any) -> tuple[frozenset[tuple[str, str]], frozenset[str]]:
+        """(form, api) pairs the families are about, and their APIs."""
+        wanted = frozenset((f[0], f[1]) for f in families)
+        return wanted, frozenset(api for _, api in wanted)
+
+    def sites(self, view: WindowView, families: Any = None, plan: Any = None) -> Iterator[Site]:
         ranks = view.ranks()
-        wanted = None if families is None else {(f[0], f[1]) for f in families}
+        wanted, wanted_apis = (None, None) if families is None else (plan if plan is not None else self.check_plan(families))
         per_rank: dict[int, dict[str, list[dict[str, Any]]]] = {}
         for rank in ranks:
             grouped: dict[str, list[dict[str, Any]]] = {}
-            for call in view.calls(rank):
-                if "args" in call and call["args"]:
-                    grouped.setdefault(call["api"], []).append(call)
+            if wanted is None:
+                for call in view.calls(rank):
+                    if "args" in call and call["args"]:
+                        grouped.setdefault(call["api"], []).append(call)
+            else:  # checking: only the APIs some deployed rule is about
+                by_api = view.calls_by_api(rank)
+                for api in wanted_apis:
+                    with_args = [call for call in by_api.get(api, ()) if "args" in call and call["args"]]
+                    if with_args:
+                        grouped[api] = with_args
             per_rank[rank] = grouped
         apis = sorted(set().union(*(g.keys() for g in per_rank.values()))) if per_rank else []
         for api in apis:

@@ -145,8 +145,12 @@ class APIOutput(Template):
     def is_value_family(self, family: tuple) -> bool:
         return family[0] == "constant"
 
-    def sites(self, view: WindowView, families: Any = None) -> Iterator[Site]:
-        plan = None if families is None else _CheckPlan(families)
+    def check_plan(self, families: Any) -> "_CheckPlan":
+        return _CheckPlan(families)
+
+    def sites(self, view: WindowView, families: Any = None, plan: "_CheckPlan | None" = None) -> Iterator[Site]:
+        if families is not None and plan is None:
+            plan = _CheckPlan(families)
         for rank in view.ranks():
             if plan is None:
                 calls: Iterable[dict[str, Any]] = view.calls(rank)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from ..window import FactPlan, WindowState, ancestors, sorted_calls
+from ..window import FactPlan, WindowState, sorted_calls
 
 Record = dict[str, Any]
 #: ctx entries of a module's first forward only (producers/module_facts.py).  They are
@@ -30,6 +30,9 @@ Record = dict[str, Any]
 #: (`stage_rules.TrainingFlag`) reads them, and as precondition fields they would only
 #: split every other rule's step-0 examples into new shapes.
 FIRST_FORWARD_FACTS = frozenset({"first_forward", "spectral_norm", "spectral_norm_refined"})
+#: How many enclosing calls are followed up the links map (the bound `window.ancestors`
+#: uses too): a malformed, cyclic map must not loop forever.
+MAX_CALL_DEPTH = 64
 #: grad_norm / data_norm above which an optimizer step is expected to move float32 weights
 SIGNIFICANT_GRAD_RATIO = 1e-4
 
@@ -153,17 +156,25 @@ class WindowView:
         """Call key -> recorded calls made (directly or not) inside it."""
         cached = self._children.get(rank)
         if cached is None:
-            facts = self.window.ranks[rank]
+            links = self.window.ranks[rank].get("links")
             cached = {}
             for call in self.calls(rank):
-                for parent in ancestors(call["key"], facts) if facts.get("links") else self._parent_chain(call):
-                    cached.setdefault(parent, []).append(call)
+                if not links:
+                    if call.get("parent"):
+                        cached.setdefault(call["parent"], []).append(call)
+                    continue
+                # the enclosing calls, innermost first (as `window.ancestors`, inlined: this
+                # walks every call of the rank)
+                parent, depth = links.get(call["key"]), 0
+                while parent is not None and depth < MAX_CALL_DEPTH:
+                    group = cached.get(parent)
+                    if group is None:
+                        cached[parent] = [call]
+                    else:
+                        group.append(call)
+                    parent, depth = links.get(parent), depth + 1
             self._children[rank] = cached
         return cached
-
-    @staticmethod
-    def _parent_chain(call: dict[str, Any]) -> Iterable[str]:
-        return [call["parent"]] if call.get("parent") else []
 
     def rank_stage(self, rank: int) -> str:
         return self.window.ranks[rank]["stage"]
@@ -238,13 +249,21 @@ class Template:
     #: record fields inference may build preconditions from (None = all of them)
     inference_fields: frozenset[str] | None = None
 
-    def sites(self, view: WindowView, families: Any = None) -> Iterator[Site]:
+    def sites(self, view: WindowView, families: Any = None, plan: Any = None) -> Iterator[Site]:
         """Every testable site.
 
         ``families`` (a container) means *checking*: only those families are wanted,
         and boolean sites that hold may be skipped since no rule can fail there.
+        ``plan`` is `check_plan(families)`, passed by a caller that checks many windows
+        against the same families (built here when not given).
         """
         return iter(())
+
+    def check_plan(self, families: Any) -> Any:
+        """Lookups derived from the deployed families alone (which APIs, pairs, points
+        they name), so that checking does not rebuild them for every window.  Nothing
+        in a plan may depend on a window."""
+        return None
 
     def is_value_family(self, family: tuple) -> bool:
         return False

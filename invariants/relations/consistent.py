@@ -174,13 +174,17 @@ class Consistent(Template):
     def is_value_family(self, family: tuple) -> bool:
         return family[0] == "variables"
 
-    def sites(self, view: WindowView, families: Any = None) -> Iterator[Site]:
+    def check_plan(self, families: Any) -> frozenset[str]:
+        """The snapshot points the families name (each family names one)."""
+        return frozenset(f[1] for f in families)
+
+    def sites(self, view: WindowView, families: Any = None, plan: frozenset[str] | None = None) -> Iterator[Site]:
         ranks = view.ranks()
         points: set[str] = set()
         for rank in ranks:
             points.update(view.facts(rank)["states"])
-        # checking: every family names its snapshot point; skip the others unread
-        wanted_points = None if families is None else {f[1] for f in families}
+        # checking: skip the snapshot points no family names, unread
+        wanted_points = None if families is None else (plan if plan is not None else self.check_plan(families))
         for at in sorted(points):
             if wanted_points is not None and at not in wanted_points:
                 continue

@@ -54,9 +54,16 @@ class EventContain(Template):
     def is_value_family(self, family: tuple) -> bool:
         return family[0] == "call"
 
-    def sites(self, view: WindowView, families: Any = None) -> Iterator[Site]:
+    def check_plan(self, families: Any) -> tuple[frozenset[str], frozenset[tuple[str, str]]]:
+        """The APIs of the call-form families and their (api, module type) pairs."""
+        pairs = frozenset((f[1], f[2]) for f in families if f[0] == "call")
+        return frozenset(api for api, _ in pairs), pairs
+
+    def sites(self, view: WindowView, families: Any = None, plan: Any = None) -> Iterator[Site]:
         yield from self._state_sites(view, families)
-        yield from self._call_sites(view, families)
+        if families is not None and plan is None:
+            plan = self.check_plan(families)
+        yield from self._call_sites(view, families, plan)
 
     # ------------------------------------------------------------------ state changes
     def _state_sites(self, view: WindowView, families: Any) -> Iterator[Site]:
@@ -122,14 +129,18 @@ class EventContain(Template):
                 )
 
     # ------------------------------------------------------------------ child calls
-    def _call_sites(self, view: WindowView, families: Any) -> Iterator[Site]:
-        apis = None if families is None else {f[1] for f in families if f[0] == "call"}
-        # (api, module type) pairs some deployed rule is about
-        pairs = None if families is None else {(f[1], f[2]) for f in families if f[0] == "call"}
+    def _call_sites(self, view: WindowView, families: Any, plan: Any) -> Iterator[Site]:
+        # checking: the APIs and (api, module type) pairs some deployed rule is about
+        apis, pairs = (None, None) if families is None else plan
         if apis is not None and not apis:
             return
         for rank in view.ranks():
-            for call in view.calls(rank):
+            if apis is None:
+                calls = view.calls(rank)
+            else:  # checking: families are per API, so each still sees its calls in order
+                by_api = view.calls_by_api(rank)
+                calls = [call for api in apis if api in by_api for call in by_api[api]]
+            for call in calls:
                 api = call["api"]
                 if pairs is not None and (api, call.get("mtype") or "") not in pairs:
                     continue
@@ -153,8 +164,9 @@ class EventContain(Template):
                     records=lambda call=call, rank=rank: [view.call_record(call, rank)],
                     ranks=[rank],
                     stage=call.get("stage", ""),
-                    evidence={"call": call["key"], "module": call.get("module"),
-                              "children": sorted({c["api"] for c in children.get(call["key"], ())})},
+                    evidence=lambda call=call, children=children: {
+                        "call": call["key"], "module": call.get("module"),
+                        "children": sorted({c["api"] for c in children.get(call["key"], ())})},
                 )
 
     # ------------------------------------------------------------------ invariant plumbing
@@ -253,17 +265,16 @@ def _changes_some_site(view: WindowView, rank: int, api: str, attr: str, effect:
         return None
     if not changed and with_grad and not significant:
         return None  # every gradient is below what can move float32 weights: proves nothing
-    names = sorted(before)[:4]
     return Site(
         family=("state", api, attr, effect),
         observed=changed,
         records=lazy(lambda: [_call_state_record(view, first, rank)]),
         ranks=[rank],
         stage=first.get("stage", ""),
-        evidence={} if changed else {
+        evidence={} if changed else (lambda: {
             "call": call_key, "parameters": compared, "with_gradient": with_grad,
-            "with_significant_gradient": significant, "unchanged": names,
-        },
+            "with_significant_gradient": significant, "unchanged": sorted(before)[:4],
+        }),
     )
 
 

@@ -42,7 +42,7 @@ class APISequence(Template):
     def allows_precondition(self, family: tuple) -> bool:
         return True  # records carry only stage/step_is_first, so that is all a rule can say
 
-    def sites(self, view: WindowView, families: Any = None) -> Iterator[Site]:
+    def sites(self, view: WindowView, families: Any = None, plan: Any = None) -> Iterator[Site]:
         if view.step == 0:
             return  # setup (model construction, seeding, init) is not a training-loop ordering
         for rank in view.ranks():
@@ -70,7 +70,7 @@ class APISequence(Template):
                     records=[record],
                     ranks=[rank],
                     stage=view.rank_stage(rank),
-                    evidence={"calls_before": sorted(before), "then": then},
+                    evidence=lambda before=before, then=then: {"calls_before": sorted(before), "then": then},
                 )
 
     def params(self, family: tuple, value: Any) -> dict[str, Any]:

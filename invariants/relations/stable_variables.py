@@ -46,7 +46,7 @@ class StableVariables(Template):
     def allows_precondition(self, family: tuple) -> bool:
         return False
 
-    def sites(self, view: WindowView, families: Any = None) -> Iterator[Site]:
+    def sites(self, view: WindowView, families: Any = None, plan: Any = None) -> Iterator[Site]:
         if view.step == 0 or not view.variable_counts:
             return
         for rank in view.ranks():

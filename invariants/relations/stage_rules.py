@@ -40,11 +40,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 from ..model import Invariant
 from ..window import FactPlan
-from .base import Site, Template, WindowView
+from .base import Site, Template, WindowView, lazy
 
 #: Called in DataLoader worker processes: its stage is wherever the loader's iterator
 #: was created, which differs between pipelines, so stage rules about it are noise.
@@ -58,21 +58,33 @@ ONE_OFF_MAX_STEPS = 2
 ABSENT_MIN_TAIL = 3
 
 
+def _calls_of(view: WindowView, rank: int, apis: set[str] | None) -> Iterable[dict[str, Any]]:
+    """A rank's calls of ``apis`` (None: all of them).  Families are per API, so each
+    family sees its calls in emission order either way."""
+    if apis is None:
+        return view.calls(rank)
+    by_api = view.calls_by_api(rank)
+    return [call for api in apis if api in by_api for call in by_api[api]]
+
+
 class APIAbsent(Template):
     relation = "APIAbsent"
 
-    def sites(self, view: WindowView, families: Any = None) -> Iterator[Site]:
-        wanted = None if families is None else {f[1] for f in families}
+    def check_plan(self, families: Any) -> frozenset[str]:
+        """The APIs the families are about."""
+        return frozenset(f[1] for f in families)
+
+    def sites(self, view: WindowView, families: Any = None, plan: frozenset[str] | None = None) -> Iterator[Site]:
+        wanted = None if families is None else (plan if plan is not None else self.check_plan(families))
         for rank in view.ranks():
-            for call in view.calls(rank):
+            for call in _calls_of(view, rank, wanted):
                 api = call["api"]
-                if wanted is not None and api not in wanted:
-                    continue
                 family = ("absent", api, call.get("stage", ""))
                 if families is not None and family not in families:
                     continue
-                yield Site(family, view.step, [view.call_record(call, rank)], [rank], call.get("stage", ""),
-                           {"call": call["key"], "module": call.get("module"), "args": call.get("args")})
+                yield Site(family, view.step, lazy(lambda call=call, rank=rank: [view.call_record(call, rank)]),
+                           [rank], call.get("stage", ""),
+                           lambda call=call: {"call": call["key"], "module": call.get("module"), "args": call.get("args")})
 
     def holds(self, value: Any, site: Site) -> bool:
         return site.observed <= value
@@ -221,11 +233,21 @@ class TrainingFlag(Template):
             return params["training"] is True
         return params["training"] is False
 
-    def sites(self, view: WindowView, families: Any = None) -> Iterator[Site]:
-        wanted = None if families is None else {(f[1], f[2]) for f in families if f[0] == "flag"}
-        first_wanted = families is None or any(f[0] == "first_forward" for f in families)
+    def check_plan(self, families: Any) -> tuple[frozenset, bool, frozenset[str]]:
+        """(api, module type) pairs of the flag rules, whether a first-forward rule is
+        deployed, and the APIs whose calls either kind reads."""
+        wanted = frozenset((f[1], f[2]) for f in families if f[0] == "flag")
+        first_wanted = any(f[0] == "first_forward" for f in families)
+        apis = frozenset({api for api, _ in wanted} | ({MODULE_FORWARD} if first_wanted else set()))
+        return wanted, first_wanted, apis
+
+    def sites(self, view: WindowView, families: Any = None, plan: Any = None) -> Iterator[Site]:
+        wanted: frozenset | None = None
+        first_wanted, apis = True, None
+        if families is not None:
+            wanted, first_wanted, apis = plan if plan is not None else self.check_plan(families)
         for rank in view.ranks():
-            for call in view.calls(rank):
+            for call in _calls_of(view, rank, apis):
                 api = call["api"]
                 if first_wanted and api == MODULE_FORWARD:
                     site = self._first_forward_site(view, call, rank, families)
@@ -243,9 +265,10 @@ class TrainingFlag(Template):
                 family = ("flag", api, call.get("mtype") or "", stage)
                 if families is not None and family not in families:
                     continue
-                yield Site(family, frozenset([flag]), [view.call_record(call, rank)], [rank], stage,
-                           {"call": call["key"], "module": call.get("module"), "mtype": call.get("mtype"),
-                            "training": flag})
+                yield Site(family, frozenset([flag]), lazy(lambda call=call, rank=rank: [view.call_record(call, rank)]),
+                           [rank], stage,
+                           lambda call=call, flag=flag: {"call": call["key"], "module": call.get("module"),
+                                                         "mtype": call.get("mtype"), "training": flag})
 
     @staticmethod
     def _first_forward_site(view: WindowView, call: dict[str, Any], rank: int, families: Any) -> Site | None:
