@@ -31,7 +31,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Iterator, Mapping
 
 from ..window import FactPlan
-from .base import Site, Template, WindowView, freeze, is_scalar, lazy, thaw
+from .base import Lazy, Site, Template, WindowView, freeze, is_scalar, thaw
 
 CONSTANT_PROPS = ("dtype",)
 #: ``batch`` is the leading dimension: preprocessing may pad or crop, never drop samples
@@ -89,7 +89,7 @@ def _batch_keeping_site(view: WindowView, call: dict[str, Any], rank: int, stage
         return None
     # Dropping samples is wrong in every stage, precision and grad mode: the site keeps no
     # context that references happened to share, which would only blind the rule elsewhere.
-    records = lazy(lambda: [{"rank": rank, "step_is_first": view.step == 0}])
+    records = Lazy(lambda: [{"rank": rank, "step_is_first": view.step == 0}])
     evidence = {} if holds else {"call": call["key"], "module": call.get("module"), "mtype": call.get("mtype"),
                                  "input": before, "output": after}
     return Site(BATCH_KEEPING, holds, records, [rank], stage, evidence)
@@ -179,7 +179,7 @@ class APIOutput(Template):
         def call_records() -> Any:
             nonlocal record
             if record is None:
-                record = lazy(lambda: [view.call_record(call, rank)])
+                record = Lazy(lambda: [view.call_record(call, rank)])
             return record
 
         if isinstance(ret, dict):

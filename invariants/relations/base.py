@@ -39,6 +39,9 @@ SIGNIFICANT_GRAD_RATIO = 1e-4
 
 @dataclass(slots=True)
 class Site:
+    """One testable place.  Hot loops build sites positionally: a keyword call costs
+    about twice as much, and checking builds one per failing variable or call."""
+
     family: tuple
     observed: Any  # bool for boolean sites, frozenset for value sites
     #: the example's records, or a zero-argument function building them: checking
@@ -63,16 +66,21 @@ class Site:
         return self.evidence
 
 
-def lazy(build: Callable[[], list[Record]]) -> Callable[[], list[Record]]:
-    """Build records at most once, however many sites share them."""
-    done: list[list[Record]] = []
+class Lazy:
+    """Records built at most once, however many sites share them (a variable's effects,
+    a call's properties).  A slotted callable: checking creates one per failing site."""
 
-    def get() -> list[Record]:
-        if not done:
-            done.append(build())
-        return done[0]
+    __slots__ = ("_build", "_records")
 
-    return get
+    def __init__(self, build: Callable[[], list[Record]]) -> None:
+        self._build: Callable[[], list[Record]] | None = build
+        self._records: list[Record] = []
+
+    def __call__(self) -> list[Record]:
+        if self._build is not None:
+            self._records = self._build()
+            self._build = None
+        return self._records
 
 
 def freeze(value: Any) -> Any:

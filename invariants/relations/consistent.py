@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import Any, Iterator, Mapping
 
 from ..window import FactPlan
-from .base import Site, Template, WindowView, freeze, lazy
+from .base import Lazy, Site, Template, WindowView, freeze
 
 RANK_ATTRS = ("data_digest", "grad_digest", "shape", "dtype")
 TIED_ATTRS = ("data_digest",)
@@ -217,7 +217,7 @@ class Consistent(Template):
                 continue
             if any(_framework_sharded(snapshots[r][name]) for r in holders):
                 continue
-            records = lazy(lambda name=name, holders=holders: [view.state_record(snapshots[r][name], r) for r in holders])
+            records = Lazy(lambda name=name, holders=holders: [view.state_record(snapshots[r][name], r) for r in holders])
             for attr in wanted:
                 if has_local and name in local[attr]:
                     continue
@@ -237,12 +237,12 @@ class Consistent(Template):
                                snapshots[holders[0]][name].get("stage", ""), {})
                     continue
                 yield Site(
-                    family=("ranks", at, attr),
-                    observed=False,
-                    records=records,
-                    ranks=_odd_ranks(holders, frozen),
-                    stage=snapshots[holders[0]][name].get("stage", ""),
-                    evidence=lambda name=name, attr=attr, values=values, holders=holders: _drift_evidence(
+                    ("ranks", at, attr),
+                    False,
+                    records,
+                    _odd_ranks(holders, frozen),
+                    snapshots[holders[0]][name].get("stage", ""),
+                    lambda name=name, attr=attr, values=values, holders=holders: _drift_evidence(
                         snapshots, name, attr, values, holders),
                 )
 
@@ -296,13 +296,13 @@ class Consistent(Template):
                 if not broken and families is not None:
                     continue
                 yield Site(
-                    family=family,
-                    observed=not broken,
+                    family,
+                    not broken,
                     # a tie binds in every stage and context: no precondition worth learning
-                    records=[{"rank": rank}],
-                    ranks=[rank],
-                    stage=view.rank_stage(rank),
-                    evidence={} if not broken else {
+                    [{"rank": rank}],
+                    [rank],
+                    view.rank_stage(rank),
+                    {} if not broken else {
                         "broken": [{"alias": a, "of": b, "alias_value": names[a][attr], "value": names[b][attr],
                                     "still_reported_as_alias": names[a].get("alias_of") == b} for a, b in broken[:4]],
                         "attr": attr,

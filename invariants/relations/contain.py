@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Any, Iterator, Mapping
 
 from ..window import FactPlan
-from .base import SIGNIFICANT_GRAD_RATIO, Site, Template, WindowView, freeze, is_scalar, lazy, thaw
+from .base import SIGNIFICANT_GRAD_RATIO, Lazy, Site, Template, WindowView, freeze, is_scalar, thaw
 
 STATE_EFFECTS = (("data_digest", "changes"), ("data_digest", "preserves"), ("grad_digest", "cleared"))
 #: per-call effects: one site per call, judged over all the variables it snapshots
@@ -114,14 +114,14 @@ class EventContain(Template):
                 if holds and checking:
                     continue
                 if record is None:
-                    record = lazy(lambda pre_attrs=pre_attrs: [view.state_record(pre_attrs, rank)])
+                    record = Lazy(lambda pre_attrs=pre_attrs: [view.state_record(pre_attrs, rank)])
                 yield Site(
-                    family=("state", api, attr, effect),
-                    observed=holds,
-                    records=record,
-                    ranks=[rank],
-                    stage=pre_attrs.get("stage", ""),
-                    evidence={} if holds else (
+                    ("state", api, attr, effect),
+                    holds,
+                    record,
+                    [rank],
+                    pre_attrs.get("stage", ""),
+                    {} if holds else (
                         lambda name=name, pre_attrs=pre_attrs, post_attrs=post_attrs, attr=attr: {
                             "variable": name, "call": call_key,
                             "before": _attr_summary(pre_attrs, attr), "after": _attr_summary(post_attrs, attr),
@@ -159,12 +159,12 @@ class EventContain(Template):
                         if is_scalar(value):
                             observed.add(("arg", child["api"], name, value))
                 yield Site(
-                    family=family,
-                    observed=frozenset(observed),
-                    records=lambda call=call, rank=rank: [view.call_record(call, rank)],
-                    ranks=[rank],
-                    stage=call.get("stage", ""),
-                    evidence=lambda call=call, children=children: {
+                    family,
+                    frozenset(observed),
+                    lambda call=call, rank=rank: [view.call_record(call, rank)],
+                    [rank],
+                    call.get("stage", ""),
+                    lambda call=call, children=children: {
                         "call": call["key"], "module": call.get("module"),
                         "children": sorted({c["api"] for c in children.get(call["key"], ())})},
                 )
@@ -266,12 +266,12 @@ def _changes_some_site(view: WindowView, rank: int, api: str, attr: str, effect:
     if not changed and with_grad and not significant:
         return None  # every gradient is below what can move float32 weights: proves nothing
     return Site(
-        family=("state", api, attr, effect),
-        observed=changed,
-        records=lazy(lambda: [_call_state_record(view, first, rank)]),
-        ranks=[rank],
-        stage=first.get("stage", ""),
-        evidence={} if changed else (lambda: {
+        ("state", api, attr, effect),
+        changed,
+        Lazy(lambda: [_call_state_record(view, first, rank)]),
+        [rank],
+        first.get("stage", ""),
+        {} if changed else (lambda: {
             "call": call_key, "parameters": compared, "with_gradient": with_grad,
             "with_significant_gradient": significant, "unchanged": sorted(before)[:4],
         }),

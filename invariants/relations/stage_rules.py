@@ -44,7 +44,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 from ..model import Invariant
 from ..window import FactPlan
-from .base import Site, Template, WindowView, lazy
+from .base import Site, Template, WindowView
 
 #: Called in DataLoader worker processes: its stage is wherever the loader's iterator
 #: was created, which differs between pipelines, so stage rules about it are noise.
@@ -82,7 +82,7 @@ class APIAbsent(Template):
                 family = ("absent", api, call.get("stage", ""))
                 if families is not None and family not in families:
                     continue
-                yield Site(family, view.step, lazy(lambda call=call, rank=rank: [view.call_record(call, rank)]),
+                yield Site(family, view.step, lambda call=call, rank=rank: [view.call_record(call, rank)],
                            [rank], call.get("stage", ""),
                            lambda call=call: {"call": call["key"], "module": call.get("module"), "args": call.get("args")})
 
@@ -265,7 +265,7 @@ class TrainingFlag(Template):
                 family = ("flag", api, call.get("mtype") or "", stage)
                 if families is not None and family not in families:
                     continue
-                yield Site(family, frozenset([flag]), lazy(lambda call=call, rank=rank: [view.call_record(call, rank)]),
+                yield Site(family, frozenset([flag]), lambda call=call, rank=rank: [view.call_record(call, rank)],
                            [rank], stage,
                            lambda call=call, flag=flag: {"call": call["key"], "module": call.get("module"),
                                                          "mtype": call.get("mtype"), "training": flag})
