@@ -119,6 +119,11 @@ def test_evaluation_matches_the_golden_violations(fixture, set_name):
     assert not mismatched, "\n".join(mismatched[:5])
 
 
+def test_inference_still_learns_the_recorded_synthetic_set():
+    """Templates' sites feed inference too: speeding up checking must not change what is learned."""
+    assert dumps(_learned_sets(None)["synthetic"]) == SET_FILES["synthetic"].read_text()
+
+
 _MISSING = object()
 
 
@@ -165,6 +170,35 @@ _preconditions = st.fixed_dictionaries({
 @given(pre=_preconditions, records=st.lists(st.dictionaries(_fields, _values, max_size=3), max_size=3))
 def test_compiled_preconditions_follow_the_clause_semantics(pre, records):
     assert compile_precondition(pre)(records) == _reference_predicate(pre, records)
+
+
+_snapshot_values = st.one_of(st.none(), st.booleans(), st.integers(-2, 2), st.sampled_from([0.0, 1e-9, 3.5, float("nan")]),
+                             st.sampled_from(["train", "eval", "torch.float32", "Linear", ""]), st.just([1, 2]))
+_snapshot_attrs = st.dictionaries(
+    st.sampled_from(["stage", "vtype", "mtype", "dtype", "requires_grad", "is_leaf", "grad_digest", "grad_norm",
+                     "data_norm", "data_digest", "shape"]), _snapshot_values, max_size=9)
+_RECORD_FIELDS = ("stage", "rank", "step_is_first", "vtype", "mtype", "dtype", "requires_grad", "is_leaf", "has_grad",
+                  "grad_nonzero", "grad_significant", "args.x", "ctx.autocast")
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a is b or (type(a) is type(b) and (a == b or (a != a and b != b)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(attrs=_snapshot_attrs, rank=st.integers(0, 3), step=st.integers(0, 2))
+def test_snapshot_records_read_like_state_records(attrs, rank, step):
+    """Checking reads state records field by field (`SnapshotRecord`); every field,
+    present or absent, must be what the whole record says."""
+    from invariants.relations.base import WindowView
+
+    view = WindowView(WindowState("run", step))
+    whole, lazy = view.state_record(attrs, rank), view.snapshot_record(attrs, rank)
+    absent = object()
+    for name in _RECORD_FIELDS:
+        assert _same(lazy.get(name, absent), whole.get(name, absent)), name
+        assert _same(lazy.get(name), whole.get(name)), name
+    assert list(lazy) == list(whole) and all(_same(lazy[k], whole[k]) for k in whole)
 
 
 def _first_difference(key: str, got: dict[str, Any], want: dict[str, Any]) -> str:

@@ -213,6 +213,10 @@ class WindowView:
             record["raised"] = True
         return record
 
+    def snapshot_record(self, attrs: Mapping[str, Any], rank: int) -> "SnapshotRecord":
+        """`state_record` computed field by field, for checking (see `SnapshotRecord`)."""
+        return SnapshotRecord(attrs, rank, self.step == 0)
+
     def state_record(self, attrs: Mapping[str, Any], rank: int) -> Record:
         get = attrs.get
         record: Record = {"stage": get("stage", ""), "rank": rank, "step_is_first": self.step == 0}
@@ -244,6 +248,88 @@ class WindowView:
                 if isinstance(data_norm, (int, float)) and not isinstance(data_norm, bool):
                     record["grad_significant"] = norm > SIGNIFICANT_GRAD_RATIO * data_norm if data_norm > 0 else norm > 0
         return record
+
+
+_ABSENT = object()
+#: snapshot attributes copied into a state record when they have the expected type
+_TYPED_SNAPSHOT_FIELDS: dict[str, type] = {"vtype": str, "mtype": str, "dtype": str, "requires_grad": bool,
+                                           "is_leaf": bool}
+_GRADIENT_FIELDS = frozenset({"has_grad", "grad_nonzero", "grad_significant"})
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+class SnapshotRecord(Mapping[str, Any]):
+    """The state record of one variable snapshot (`WindowView.state_record`), computed
+    only for the fields that are read.
+
+    Checking tests a precondition at every failing variable site (on a healthy run,
+    every parameter of an optimizer step fails "gradient cleared" and is excused by
+    ``grad_nonzero = False``); a precondition reads one or two fields, and building
+    the whole record cost more than the rest of the site.  Iterating builds the
+    whole record.  tests/test_evaluate_equivalence.py checks every field against
+    `WindowView.state_record` on arbitrary snapshots.
+    """
+
+    __slots__ = ("_attrs", "_rank", "_first_step")
+
+    def __init__(self, attrs: Mapping[str, Any], rank: int, first_step: bool) -> None:
+        self._attrs = attrs
+        self._rank = rank
+        self._first_step = first_step
+
+    def get(self, name: str, default: Any = None) -> Any:
+        value = self._field(name)
+        return default if value is _ABSENT else value
+
+    def __getitem__(self, name: str) -> Any:
+        value = self._field(name)
+        if value is _ABSENT:
+            raise KeyError(name)
+        return value
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._whole())
+
+    def __len__(self) -> int:
+        return len(self._whole())
+
+    def _whole(self) -> Record:
+        record: Record = {}
+        for name in ("stage", "rank", "step_is_first", *_TYPED_SNAPSHOT_FIELDS, "has_grad", "grad_nonzero",
+                     "grad_significant"):
+            value = self._field(name)
+            if value is not _ABSENT:
+                record[name] = value
+        return record
+
+    def _field(self, name: str) -> Any:
+        attrs = self._attrs
+        if name == "stage":
+            return attrs.get("stage", "")
+        if name == "rank":
+            return self._rank
+        if name == "step_is_first":
+            return self._first_step
+        kind = _TYPED_SNAPSHOT_FIELDS.get(name)
+        if kind is not None:
+            value = attrs.get(name)
+            return value if isinstance(value, kind) else _ABSENT
+        if name not in _GRADIENT_FIELDS or ("grad_digest" not in attrs and "grad_norm" not in attrs):
+            return _ABSENT
+        if name == "has_grad":
+            return attrs.get("grad_digest") is not None
+        norm = attrs.get("grad_norm")
+        if not _is_number(norm):
+            return _ABSENT
+        if name == "grad_nonzero":
+            return norm > 0
+        data_norm = attrs.get("data_norm")
+        if not _is_number(data_norm):
+            return _ABSENT
+        return norm > SIGNIFICANT_GRAD_RATIO * data_norm if data_norm > 0 else norm > 0
 
 
 class Template:

@@ -217,7 +217,11 @@ class Consistent(Template):
                 continue
             if any(_framework_sharded(snapshots[r][name]) for r in holders):
                 continue
-            records = Lazy(lambda name=name, holders=holders: [view.state_record(snapshots[r][name], r) for r in holders])
+            if families is None:
+                records: Any = Lazy(lambda name=name, holders=holders: [view.state_record(snapshots[r][name], r)
+                                                                          for r in holders])
+            else:
+                records = [view.snapshot_record(snapshots[r][name], r) for r in holders]
             for attr in wanted:
                 if has_local and name in local[attr]:
                     continue

@@ -114,7 +114,8 @@ class EventContain(Template):
                 if holds and checking:
                     continue
                 if record is None:
-                    record = Lazy(lambda pre_attrs=pre_attrs: [view.state_record(pre_attrs, rank)])
+                    record = [view.snapshot_record(pre_attrs, rank)] if checking else Lazy(
+                        lambda pre_attrs=pre_attrs: [view.state_record(pre_attrs, rank)])
                 yield Site(
                     ("state", api, attr, effect),
                     holds,
