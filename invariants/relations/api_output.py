@@ -31,7 +31,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Iterator, Mapping
 
 from ..window import FactPlan
-from .base import Lazy, Site, Template, WindowView, freeze, is_scalar, thaw
+from .base import Lazy, Site, Template, WindowView, freeze, is_number, is_scalar, thaw
 
 CONSTANT_PROPS = ("dtype",)
 #: ``batch`` is the leading dimension: preprocessing may pad or crop, never drop samples
@@ -69,15 +69,14 @@ BATCH_KEEPING_MIN_RANK = 2
 
 def _batch_keeping_site(view: WindowView, call: dict[str, Any], rank: int, stage: str, arg: Any, ret: Any,
                         families: Any) -> Site | None:
-    """The type-free "keeps its samples" site of one module forward, if it is one.
+    """The type-free "keeps its samples" site of one module forward, if it is one
+    (callers ask only where the rule is wanted).
 
     Only same-rank calls count: a change of rank is a change of layout (flatten,
     embedding, pooling, ``(B, T, V) -> (B*T, V)`` logits), after which the leading
     dimension need not be the batch any more.  Rank-1 tensors are not judged either:
     their one dimension is as often a feature or token axis as a batch.
     """
-    if families is not None and BATCH_KEEPING not in families:
-        return None
     in_rank, out_rank = _tensor_rank(arg), _tensor_rank(ret)
     if in_rank is None or in_rank != out_rank or in_rank < BATCH_KEEPING_MIN_RANK:
         return None
@@ -118,25 +117,134 @@ def _names_a_bound(arg_name: Any) -> bool:
     return any(word in lowered for word in BOUND_WORDS)
 
 
-class _CheckPlan:
-    """What the deployed families of one evaluation ask for, looked up once per window
-    instead of testing every argument and property of every call."""
+def _call_sites(view: WindowView, call: dict[str, Any], rank: int, plan: "_CallPlan", families: Any,
+                found: list[Site]) -> None:
+    """Append the sites of one returned call in ``plan``'s families (checking skips the
+    boolean ones that held).  Its sites share one call record, built on first use."""
+    api = call["api"]
+    mtype = call.get("mtype") or ""
+    ret = call["ret"]
+    stage = call.get("stage", "")
+    args = call.get("args") or {}
+    record = None
+    if isinstance(ret, dict):
+        for prop, family in plan.constant:
+            value = ret.get(prop)
+            if value is None or not is_scalar(value):
+                continue
+            if record is None:
+                record = Lazy(lambda: [view.call_record(call, rank)])
+            found.append(Site(family, frozenset([value]), record, [rank], stage,
+                              lambda value=value: {"call": call["key"], "module": call.get("module"), "observed": value}))
+        if plan.batch_keeping:
+            site = _batch_keeping_site(view, call, rank, stage, args.get("0"), ret, families)
+            if site is not None:
+                found.append(site)
+        for arg_name, prop, family in plan.same_as_input:
+            arg = args.get(arg_name)
+            if not isinstance(arg, dict):
+                continue
+            before, after = _prop(arg, prop), _prop(ret, prop)
+            if before is None or after is None:
+                continue
+            holds = before == after
+            if holds and families is not None:
+                continue
+            if record is None:
+                record = Lazy(lambda: [view.call_record(call, rank)])
+            found.append(Site(family, holds, record, [rank], stage,
+                              {} if holds else (lambda before=before, after=after: {
+                                  "call": call["key"], "module": call.get("module"), "input": before, "output": after})))
+    bound_args = plan.bound_args
+    if bound_args is not None and not bound_args:
+        return
+    limits = [(name, limit) for name, limit in args.items()
+              if (bound_args is None or name in bound_args) and _names_a_bound(name) and is_number(limit)]
+    outputs = _numeric_outputs(ret) if limits else None
+    if not outputs:
+        return
+    for arg_name, limit in limits:
+        scopes = [mtype]
+        if mtype and api == MODULE_FORWARD and arg_name in GENERATION_BUDGETS and _is_token_ids(ret):
+            scopes.append("")  # the type-free generation-budget rule
+        for out_name, out_value in outputs.items():
+            for scope in scopes:
+                family = ("bounded", api, scope, arg_name, out_name)
+                if families is not None and family not in families:
+                    continue
+                holds = out_value <= limit
+                if holds and families is not None:
+                    continue
+                # A generation budget binds in every stage, precision and grad mode: the
+                # type-free rule keeps no context one reference happened to sample in,
+                # which would only blind it elsewhere.
+                if scope and record is None:
+                    record = Lazy(lambda: [view.call_record(call, rank)])
+                site_records = record if scope else (lambda: [{"rank": rank, "step_is_first": view.step == 0}])
+                found.append(Site(family, holds, site_records, [rank], stage,
+                                  {} if holds else {"call": call["key"], "module": call.get("module"),
+                                                    "mtype": mtype, "limit": limit, out_name: out_value}))
 
-    __slots__ = ("apis", "pairs", "same_as_input", "bound_args")
+
+class _CallPlan:
+    """The families the sites of one returned call can belong to."""
+
+    __slots__ = ("constant", "same_as_input", "batch_keeping", "bound_args")
+
+    def __init__(self, constant: list[tuple[str, tuple]], same_as_input: list[tuple[str, str, tuple]],
+                 batch_keeping: bool, bound_args: frozenset[str] | None) -> None:
+        #: (property, family) of the output-constant rules
+        self.constant = constant
+        #: (argument, property, family) of the same-as-input rules
+        self.same_as_input = same_as_input
+        #: whether the type-free batch rule judges this call
+        self.batch_keeping = batch_keeping
+        #: names of the arguments bounded rules are about (None: any argument)
+        self.bound_args = bound_args
+
+    @classmethod
+    def everything(cls, api: str, mtype: str, args: dict[str, Any]) -> "_CallPlan":
+        """Inference: every family a call can be a site of."""
+        return cls([(prop, ("constant", api, mtype, prop)) for prop in CONSTANT_PROPS],
+                   [(name, prop, ("same_as_input", api, mtype, name, prop)) for name in args for prop in INPUT_PROPS],
+                   api == MODULE_FORWARD and bool(mtype), None)
+
+
+class _CheckPlan:
+    """The deployed families as per-call lookups, built once per invariant set.
+
+    A call is judged by the rules of its (api, module type); a module forward of a
+    type no rule names only by the type-free rules (``mtype`` ""): keeping its batch
+    and its generation budget.
+    """
+
+    __slots__ = ("apis", "by_pair", "type_free")
 
     def __init__(self, families: Any) -> None:
-        self.apis = {f[1] for f in families}
-        #: (api, module type) pairs some rule is about
-        self.pairs = {(f[1], f[2]) for f in families}
-        #: (api, module type) -> (argument, property, family) of its same_as_input rules
-        self.same_as_input: dict[tuple[str, str], list[tuple[str, str, tuple]]] = {}
-        #: api -> names of the arguments its bounded rules are about
-        self.bound_args: dict[str, set[str]] = {}
+        self.apis = frozenset(f[1] for f in families)
+        bound_args: dict[str, set[str]] = {}
         for family in families:
-            if family[0] == "same_as_input":
-                self.same_as_input.setdefault((family[1], family[2]), []).append((family[3], family[4], family))
-            elif family[0] == "bounded":
-                self.bound_args.setdefault(family[1], set()).add(family[3])
+            if family[0] == "bounded":
+                bound_args.setdefault(family[1], set()).add(family[3])
+        batch_keeping = BATCH_KEEPING in families
+        self.by_pair: dict[tuple[str, str], _CallPlan] = {}
+        self.type_free: dict[str, _CallPlan] = {}
+        for api, mtype in sorted({(f[1], f[2]) for f in families}):
+            constant = [(prop, ("constant", api, mtype, prop)) for prop in CONSTANT_PROPS
+                        if ("constant", api, mtype, prop) in families]
+            same = [(f[3], f[4], f) for f in sorted(families) if f[0] == "same_as_input" and f[1:3] == (api, mtype)]
+            bounds = frozenset(bound_args.get(api, ()))
+            self.by_pair[(api, mtype)] = _CallPlan(constant, same, batch_keeping and api == MODULE_FORWARD and bool(mtype),
+                                                   bounds)
+            if not mtype:
+                self.type_free[api] = _CallPlan([], [], batch_keeping and api == MODULE_FORWARD, bounds)
+
+    def for_call(self, api: str, mtype: str) -> _CallPlan | None:
+        """None: no deployed rule is about this call."""
+        plan = self.by_pair.get((api, mtype))
+        if plan is None and mtype:
+            return self.type_free.get(api)
+        return plan
 
 
 class APIOutput(Template):
@@ -145,109 +253,30 @@ class APIOutput(Template):
     def is_value_family(self, family: tuple) -> bool:
         return family[0] == "constant"
 
-    def check_plan(self, families: Any) -> "_CheckPlan":
+    def check_plan(self, families: Any) -> _CheckPlan:
         return _CheckPlan(families)
 
-    def sites(self, view: WindowView, families: Any = None, plan: "_CheckPlan | None" = None) -> Iterator[Site]:
+    def sites(self, view: WindowView, families: Any = None, plan: _CheckPlan | None = None) -> Iterator[Site]:
         if families is not None and plan is None:
             plan = _CheckPlan(families)
+        found: list[Site] = []
         for rank in view.ranks():
             if plan is None:
-                calls: Iterable[dict[str, Any]] = view.calls(rank)
-            else:  # checking: only calls of APIs some deployed rule is about
-                by_api = view.calls_by_api(rank)
-                calls = [call for api in plan.apis if api in by_api for call in by_api[api]]
-            for call in calls:
-                if "ret" not in call or call.get("exc"):
-                    continue
-                # module forwards differ by module type: a rule is about one type
-                if plan is not None and (call["api"], call.get("mtype") or "") not in plan.pairs \
-                        and (call["api"], "") not in plan.pairs:
-                    continue
-                yield from self._call_sites(view, call, rank, families, plan)
-
-    @staticmethod
-    def _call_sites(view: WindowView, call: dict[str, Any], rank: int, families: Any,
-                    plan: "_CheckPlan | None") -> Iterator[Site]:
-        """The sites of one returned call (checking: only those of deployed families)."""
-        api = call["api"]
-        mtype = call.get("mtype") or ""
-        ret = call["ret"]
-        stage = call.get("stage", "")
-        record = None  # built on the first site, shared by all sites of the call
-
-        def call_records() -> Any:
-            nonlocal record
-            if record is None:
-                record = Lazy(lambda: [view.call_record(call, rank)])
-            return record
-
-        if isinstance(ret, dict):
-            for prop in CONSTANT_PROPS:
-                family = ("constant", api, mtype, prop)
-                if families is not None and family not in families:
-                    continue
-                value = ret.get(prop)
-                if value is None or not is_scalar(value):
-                    continue
-                yield Site(family, frozenset([value]), call_records(), [rank], stage,
-                           lambda value=value: {"call": call["key"], "module": call.get("module"), "observed": value})
-        args = call.get("args") or {}
-        if isinstance(ret, dict) and api == MODULE_FORWARD and mtype:
-            site = _batch_keeping_site(view, call, rank, stage, args.get("0"), ret, families)
-            if site is not None:
-                yield site
-        if isinstance(ret, dict):
-            if plan is None:
-                candidates = [(arg_name, prop, ("same_as_input", api, mtype, arg_name, prop))
-                              for arg_name in args for prop in INPUT_PROPS]
-            else:
-                candidates = plan.same_as_input.get((api, mtype), ())
-            for arg_name, prop, family in candidates:
-                arg = args.get(arg_name)
-                if not isinstance(arg, dict):
-                    continue
-                before, after = _prop(arg, prop), _prop(ret, prop)
-                if before is None or after is None:
-                    continue
-                holds = before == after
-                if holds and families is not None:
-                    continue
-                yield Site(family, holds, call_records(), [rank], stage,
-                           {} if holds else (lambda before=before, after=after: {
-                               "call": call["key"], "module": call.get("module"), "input": before, "output": after}))
-        if plan is None:
-            limits = [(name, limit) for name, limit in args.items() if _names_a_bound(name)]
-        else:  # checking: only arguments some deployed bound is about
-            bound_args = plan.bound_args.get(api)
-            if not bound_args:
-                return
-            limits = [(name, limit) for name, limit in args.items() if name in bound_args and _names_a_bound(name)]
-        limits = [(name, limit) for name, limit in limits
-                  if isinstance(limit, (int, float)) and not isinstance(limit, bool)]
-        outputs = _numeric_outputs(ret) if limits else None
-        if not outputs:
-            return
-        for arg_name, limit in limits:
-            scopes = [mtype]
-            if mtype and api == MODULE_FORWARD and arg_name in GENERATION_BUDGETS and _is_token_ids(ret):
-                scopes.append("")  # the type-free generation-budget rule
-            for out_name, out_value in outputs.items():
-                for scope in scopes:
-                    family = ("bounded", api, scope, arg_name, out_name)
-                    if families is not None and family not in families:
+                for call in view.calls(rank):
+                    if "ret" in call and not call.get("exc"):
+                        everything = _CallPlan.everything(call["api"], call.get("mtype") or "", call.get("args") or {})
+                        _call_sites(view, call, rank, everything, None, found)
+                continue
+            # checking: only calls of APIs and module types some deployed rule is about
+            by_api = view.calls_by_api(rank)
+            for api in plan.apis:
+                for call in by_api.get(api, ()):
+                    if "ret" not in call or call.get("exc"):
                         continue
-                    holds = out_value <= limit
-                    if holds and families is not None:
-                        continue
-                    # A generation budget binds in every stage, precision and grad
-                    # mode: the type-free rule keeps no context one reference
-                    # happened to sample in, which would only blind it elsewhere.
-                    site_records = call_records() if scope else (
-                        lambda: [{"rank": rank, "step_is_first": view.step == 0}])
-                    yield Site(family, holds, site_records, [rank], stage,
-                               {} if holds else {"call": call["key"], "module": call.get("module"),
-                                                 "mtype": mtype, "limit": limit, out_name: out_value})
+                    call_plan = plan.for_call(api, call.get("mtype") or "")
+                    if call_plan is not None:
+                        _call_sites(view, call, rank, call_plan, families, found)
+        return iter(found)
 
     def params(self, family: tuple, value: Any) -> dict[str, Any]:
         form, api, mtype = family[0], family[1], family[2]

@@ -257,7 +257,7 @@ _TYPED_SNAPSHOT_FIELDS: dict[str, type] = {"vtype": str, "mtype": str, "dtype": 
 _GRADIENT_FIELDS = frozenset({"has_grad", "grad_nonzero", "grad_significant"})
 
 
-def _is_number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
@@ -322,12 +322,12 @@ class SnapshotRecord(Mapping[str, Any]):
         if name == "has_grad":
             return attrs.get("grad_digest") is not None
         norm = attrs.get("grad_norm")
-        if not _is_number(norm):
+        if not is_number(norm):
             return _ABSENT
         if name == "grad_nonzero":
             return norm > 0
         data_norm = attrs.get("data_norm")
-        if not _is_number(data_norm):
+        if not is_number(data_norm):
             return _ABSENT
         return norm > SIGNIFICANT_GRAD_RATIO * data_norm if data_norm > 0 else norm > 0
 
