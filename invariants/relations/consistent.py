@@ -109,10 +109,8 @@ def _differing_attrs(reference: Mapping[str, dict], others: list[Mapping[str, di
     hold equal snapshots, which one dict comparison settles per variable."""
     differing: set[str] = set()
     for other in others:
-        for name, ref_attrs in reference.items():
-            attrs = other[name]
-            if attrs is ref_attrs or attrs == ref_attrs:
-                continue
+        for name in [n for n, ref_attrs in reference.items() if other[n] != ref_attrs]:
+            attrs, ref_attrs = other[name], reference[name]
             for attr in wanted:
                 mine, theirs = attrs.get(attr), ref_attrs.get(attr)
                 if mine is not theirs and not mine == theirs:
@@ -286,10 +284,11 @@ class Consistent(Template):
             family = ("aliases", at, attr)
             if families is not None and family not in families:
                 continue
+            run_ties = {tuple(pair) for pair in view.ties}
             for rank, names in sorted(snapshots.items()):
-                pairs = {tuple(pair) for pair in view.ties}
-                for name, attrs in names.items():  # ties of this window too (runs tied after step 0)
-                    primary = attrs.get("alias_of")
+                pairs = set(run_ties)
+                # ties of this window too (runs tied after step 0)
+                for name, primary in [(n, attrs["alias_of"]) for n, attrs in names.items() if "alias_of" in attrs]:
                     if isinstance(primary, str) and primary and primary != name:
                         pairs.add((name, primary))
                 judged = [(a, b) for a, b in sorted(pairs)
