@@ -30,9 +30,11 @@ class APIArg(Template):
     def allows_precondition(self, family: tuple) -> bool:
         return family[0] == "ranks"
 
-    def check_plan(self, families: Any) -> tuple[frozenset[tuple[str, str]], frozenset[str]]:
-        """(form, api) pairs the families are about, and their APIs."""
-        wanted = frozenset((f[0], f[1]) for f in families)
+    def check_plan(self, families: Any) -> tuple[dict[tuple[str, str], list[str]], frozenset[str]]:
+        """(form, api) -> the sorted argument names its families are about, and the APIs."""
+        wanted: dict[tuple[str, str], list[str]] = {}
+        for form, api, name in sorted(families):
+            wanted.setdefault((form, api), []).append(name)
         return wanted, frozenset(api for _, api in wanted)
 
     def sites(self, view: WindowView, families: Any = None, plan: Any = None) -> Iterator[Site]:
@@ -55,19 +57,25 @@ class APIArg(Template):
         apis = sorted(set().union(*(g.keys() for g in per_rank.values()))) if per_rank else []
         for api in apis:
             if wanted is None or ("ranks", api) in wanted:
-                yield from self._rank_sites(view, api, per_rank, families)
+                yield from self._rank_sites(view, api, per_rank, families, None if wanted is None else wanted[("ranks", api)])
             if wanted is None or ("distinct", api) in wanted:
-                yield from self._distinct_sites(view, api, per_rank, families)
+                yield from self._distinct_sites(view, api, per_rank, families,
+                                                None if wanted is None else wanted[("distinct", api)])
 
-    def _rank_sites(self, view: WindowView, api: str, per_rank: dict, families: Any) -> Iterator[Site]:
+    def _rank_sites(self, view: WindowView, api: str, per_rank: dict, families: Any,
+                    wanted_names: list[str] | None) -> Iterator[Site]:
+        """``wanted_names``: the sorted argument names deployed rules are about (checking)."""
         holders = [r for r in sorted(per_rank) if api in per_rank[r]]
         if len(holders) < 2:
             return
         occurrences = min(len(per_rank[r][api]) for r in holders)
         for index in range(occurrences):
             calls = {r: per_rank[r][api][index] for r in holders}
-            names = set.intersection(*(set(c["args"]) for c in calls.values()))
-            for name in sorted(names):
+            if wanted_names is None:
+                names = sorted(set.intersection(*(set(c["args"]) for c in calls.values())))
+            else:
+                names = [n for n in wanted_names if all(n in c["args"] for c in calls.values())]
+            for name in names:
                 family = ("ranks", api, name)
                 if families is not None and family not in families:
                     continue
@@ -95,13 +103,17 @@ class APIArg(Template):
                     evidence,
                 )
 
-    def _distinct_sites(self, view: WindowView, api: str, per_rank: dict, families: Any) -> Iterator[Site]:
+    def _distinct_sites(self, view: WindowView, api: str, per_rank: dict, families: Any,
+                        wanted_names: list[str] | None) -> Iterator[Site]:
         for rank in sorted(per_rank):
             all_calls = per_rank[rank].get(api) or []
             if len(all_calls) < 2:
                 continue
-            names = set.union(*(set(c["args"]) for c in all_calls))
-            for name in sorted(names):
+            if wanted_names is None:
+                names = sorted(set.union(*(set(c["args"]) for c in all_calls)))
+            else:
+                names = [n for n in wanted_names if any(n in c["args"] for c in all_calls)]
+            for name in names:
                 family = ("distinct", api, name)
                 if families is not None and family not in families:
                     continue

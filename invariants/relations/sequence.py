@@ -48,10 +48,9 @@ class APISequence(Template):
         for rank in view.ranks():
             first_seen: dict[str, int] = {}
             counts: dict[str, int] = {}
-            for index, call in enumerate(view.calls(rank)):
-                if call.get("parent") is not None:
-                    continue
-                api = call["api"]
+            # calls made directly by user code; the rest are most of a step's calls
+            top_level = [(index, call["api"]) for index, call in enumerate(view.calls(rank)) if call.get("parent") is None]
+            for index, api in top_level:
                 counts[api] = counts.get(api, 0) + 1
                 first_seen.setdefault(api, index)
             eligible = {api for api, n in counts.items() if n <= MAX_CALLS_PER_WINDOW}

@@ -233,27 +233,29 @@ class TrainingFlag(Template):
             return params["training"] is True
         return params["training"] is False
 
-    def check_plan(self, families: Any) -> tuple[frozenset, bool, frozenset[str]]:
-        """(api, module type) pairs of the flag rules, whether a first-forward rule is
-        deployed, and the APIs whose calls either kind reads."""
-        wanted = frozenset((f[1], f[2]) for f in families if f[0] == "flag")
+    def check_plan(self, families: Any) -> tuple[bool, frozenset[str]]:
+        """Whether a first-forward rule is deployed, and the APIs whose calls the
+        deployed rules read."""
         first_wanted = any(f[0] == "first_forward" for f in families)
-        apis = frozenset({api for api, _ in wanted} | ({MODULE_FORWARD} if first_wanted else set()))
-        return wanted, first_wanted, apis
+        apis = {f[1] for f in families if f[0] == "flag"} | ({MODULE_FORWARD} if first_wanted else set())
+        return first_wanted, frozenset(apis)
 
     def sites(self, view: WindowView, families: Any = None, plan: Any = None) -> Iterator[Site]:
-        wanted: frozenset | None = None
         first_wanted, apis = True, None
         if families is not None:
-            wanted, first_wanted, apis = plan if plan is not None else self.check_plan(families)
+            first_wanted, apis = plan if plan is not None else self.check_plan(families)
         for rank in view.ranks():
             for call in _calls_of(view, rank, apis):
                 api = call["api"]
                 if first_wanted and api == MODULE_FORWARD:
-                    site = self._first_forward_site(view, call, rank, families)
-                    if site is not None:
-                        yield site
-                if wanted is not None and (api, call.get("mtype") or "") not in wanted:
+                    ctx = call.get("ctx")  # most forwards are not a module's first: skip them here
+                    if isinstance(ctx, dict) and ctx.get("first_forward") is True:
+                        site = self._first_forward_site(view, call, rank, families)
+                        if site is not None:
+                            yield site
+                stage = call.get("stage", "")
+                family = ("flag", api, call.get("mtype") or "", stage)
+                if families is not None and family not in families:
                     continue
                 flag = call.get("training")
                 if not isinstance(flag, bool):
@@ -261,10 +263,6 @@ class TrainingFlag(Template):
                     flag = args.get("training")
                     if not isinstance(flag, bool):
                         continue
-                stage = call.get("stage", "")
-                family = ("flag", api, call.get("mtype") or "", stage)
-                if families is not None and family not in families:
-                    continue
                 yield Site(family, frozenset([flag]), lambda call=call, rank=rank: [view.call_record(call, rank)],
                            [rank], stage,
                            lambda call=call, flag=flag: {"call": call["key"], "module": call.get("module"),
