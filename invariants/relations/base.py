@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
+from ..precondition import needs_records
 from ..window import FactPlan, WindowState, sorted_calls
 
 Record = dict[str, Any]
@@ -81,6 +82,18 @@ class Lazy:
             self._records = self._build()
             self._build = None
         return self._records
+
+
+def reportable(families: Mapping[tuple, Any], family: tuple, records: list[Record]) -> bool:
+    """Whether a deployed rule of a *boolean* family can report a site that failed it
+    with these records: a failing boolean site is reported exactly where a rule's
+    precondition accepts it.  Checking drops the others before building a site (on a
+    healthy run, every parameter of an optimizer step fails "gradient cleared" and is
+    excused by ``grad_nonzero = False``); the engine judges the kept ones as usual."""
+    for compiled in families.get(family, ()):
+        if not needs_records(compiled.predicate) or compiled.predicate(records):
+            return True
+    return False
 
 
 def freeze(value: Any) -> Any:

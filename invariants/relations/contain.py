@@ -24,7 +24,8 @@ from __future__ import annotations
 from typing import Any, Iterator, Mapping
 
 from ..window import FactPlan
-from .base import SIGNIFICANT_GRAD_RATIO, Lazy, Site, Template, WindowView, freeze, is_scalar, thaw
+from .base import (SIGNIFICANT_GRAD_RATIO, Lazy, Site, SnapshotRecord, Template, WindowView, freeze, is_scalar,
+                   reportable, thaw)
 
 STATE_EFFECTS = (("data_digest", "changes"), ("data_digest", "preserves"), ("grad_digest", "cleared"))
 #: per-call effects: one site per call, judged over all the variables it snapshots
@@ -74,7 +75,8 @@ class EventContain(Template):
                 if not at.startswith("pre:"):
                     continue
                 api = at[4:]
-                wanted = [(a, e) for a, e in STATE_EFFECTS if not checking or ("state", api, a, e) in families]
+                wanted = [(a, e, ("state", api, a, e)) for a, e in STATE_EFFECTS
+                          if not checking or ("state", api, a, e) in families]
                 per_call_wanted = [(a, e) for a, e in CALL_EFFECTS if not checking or ("state", api, a, e) in families]
                 if not wanted and not per_call_wanted:
                     continue
@@ -88,18 +90,22 @@ class EventContain(Template):
                         if site is not None and not (site.observed and checking):
                             yield site
                     if wanted:
-                        yield from self._variable_sites(view, rank, api, call_key, before, after, wanted, checking)
+                        yield from self._variable_sites(view, rank, call_key, before, after, wanted, families)
 
     @staticmethod
-    def _variable_sites(view: WindowView, rank: int, api: str, call_key: str, before: Mapping[str, Any],
-                        after: Mapping[str, Any], wanted: list[tuple[str, str]], checking: bool) -> Iterator[Site]:
-        """Per-variable sites of one call; checking skips the effects that held."""
+    def _variable_sites(view: WindowView, rank: int, call_key: str, before: Mapping[str, Any],
+                        after: Mapping[str, Any], wanted: list[tuple[str, str, tuple]], families: Any) -> list[Site]:
+        """Per-variable sites of one call.  Checking skips the effects that held and the
+        failures no deployed rule's precondition accepts (see `reportable`)."""
+        checking = families is not None
+        first_step = view.step == 0
+        found: list[Site] = []
         for name, pre_attrs in before.items():
             post_attrs = after.get(name)
             if post_attrs is None:
                 continue
-            record = None  # one lazy record per variable, shared by its effects
-            for attr, effect in wanted:
+            record = None  # one record per variable, shared by its effects
+            for attr, effect, family in wanted:
                 if effect == "cleared":
                     if "grad_digest" not in post_attrs:
                         continue
@@ -114,10 +120,12 @@ class EventContain(Template):
                 if holds and checking:
                     continue
                 if record is None:
-                    record = [view.snapshot_record(pre_attrs, rank)] if checking else Lazy(
+                    record = [SnapshotRecord(pre_attrs, rank, first_step)] if checking else Lazy(
                         lambda pre_attrs=pre_attrs: [view.state_record(pre_attrs, rank)])
-                yield Site(
-                    ("state", api, attr, effect),
+                if checking and not reportable(families, family, record):
+                    continue
+                found.append(Site(
+                    family,
                     holds,
                     record,
                     [rank],
@@ -127,7 +135,8 @@ class EventContain(Template):
                             "variable": name, "call": call_key,
                             "before": _attr_summary(pre_attrs, attr), "after": _attr_summary(post_attrs, attr),
                         }),
-                )
+                ))
+        return found
 
     # ------------------------------------------------------------------ child calls
     def _call_sites(self, view: WindowView, families: Any, plan: Any) -> Iterator[Site]:
