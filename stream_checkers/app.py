@@ -44,6 +44,7 @@ from invariants.trends import TrendMonitor, TrendRules
 from .config import CheckerConfig
 from .end_offsets import FetchHighwaterProbe, HighwaterTransport
 from .input_order import InputOrder
+from .pending_windows import CommitGates, PendingWindows
 from .stall_guard import StallGuard
 from .engine_port import EnginePort
 from .grace import grace_expired
@@ -185,6 +186,10 @@ class StreamChecker:
         self._input_order = InputOrder(self.app, (names.events, names.window_ticks, names.step_summaries), probe)
         if hasattr(self.app.transport, "commit_gate"):
             self.app.transport.commit_gate = self._input_order
+        #: open windows not written to the table yet; they hold back offset commits
+        self._pending = PendingWindows(names.events)
+        if hasattr(self.app.transport, "commit_gate"):
+            self.app.transport.commit_gate = CommitGates(self._input_order, self._pending)
         self._stall_guard = StallGuard(self.app, self._input_order, probe)
         self.app.agent(self.input_topic, name=f"{config.app_id}.check-windows")(self._check_windows)
         self.app.agent(self.summaries_topic, name=f"{config.app_id}.trend-monitors")(self._monitor_trends)
@@ -213,6 +218,7 @@ class StreamChecker:
                         seen = self._event_times.get(message.partition, 0.0)
                         self._event_times[message.partition] = max(seen, float(message.timestamp))
                     await self._on_batch(message)
+                self._persist_due(message.partition, message.generation_id)
             except Exception as exc:  # a bug must cost one message, not the worker
                 log.exception("failed to process %s[%s]@%s", message.topic, message.partition, message.offset)
                 await self._dead_letter(message, "internal_error", f"{type(exc).__name__}: {exc}")
@@ -231,7 +237,7 @@ class StreamChecker:
             pid = events[0].pid if events else 0
         key = window_key(run, step)
         raw = self.windows.get(key)
-        record, window = self._load(key, raw)
+        record, window = self._current(key, raw, message)
         if record is not None and record.has_seen(rank, pid, seq):
             return  # redelivered after a restart or takeover: already folded (or judged)
         producer_ts = float(message.timestamp) if message.timestamp else None
@@ -265,8 +271,10 @@ class StreamChecker:
         record.lifecycle.extend([rank, what] for what in lifecycle)
         if self.engine.complete(window):
             await self._close(key, record, window, forced=False)
-        else:
-            self._store(key, record, window)
+        else:  # written to the table only if it stays open a while (`pending_windows`)
+            self._pending.hold(key, record, window, message.partition, message.offset, now,
+                               message.generation_id, raw)
+            self._index(key, record)
 
     def _observe_meta(self, run: str, rank: int, events: list[Any]) -> list[str]:
         """Producer counters to the metrics; returns the batch's run_start/run_end marks."""
@@ -287,7 +295,7 @@ class StreamChecker:
         key = message.key
         op = message.value
         raw = self.windows.get(key)
-        record, window = self._load(key, raw)
+        record, window = self._current(key, raw, message)
         if record is None:
             return
         now = self.clock()
@@ -305,6 +313,19 @@ class StreamChecker:
         self._closed.pop(key, None)
 
     # ------------------------------------------------------------------ windows
+    def _current(self, key: bytes, raw: bytes | None, message: Any) -> tuple[WindowRecord | None, Any]:
+        """The window as this worker knows it: newer in memory than in the table, or from the table."""
+        pending = self._pending.get(key, message.partition, message.generation_id, raw)
+        if pending is not None:
+            return pending.record, pending.window
+        return self._load(key, raw)
+
+    def _persist_due(self, partition: int, generation: Any) -> None:
+        """Write the partition's windows that stayed open a while (table writes are only
+        allowed while a message of the table's partition is being handled)."""
+        for entry in self._pending.due(partition, self.clock(), generation):
+            self._store(entry.key, entry.record, entry.window)
+
     def _load(self, key: bytes, raw: bytes | None) -> tuple[WindowRecord | None, Any]:
         if raw is None:
             return None, None
@@ -321,6 +342,7 @@ class StreamChecker:
         raw = record.to_bytes()
         self.windows[key] = raw
         self._cache.put(key, raw, record, window)
+        self._pending.release(key, record.partition)
         self._index(key, record)
 
     def _index(self, key: bytes, record: WindowRecord) -> None:
@@ -517,8 +539,19 @@ class StreamChecker:
 
     def _rescan(self) -> None:
         """Rebuild the timer's index from the table (restored or revoked partitions)."""
+        try:
+            owned = {tp.partition for tp in self.app.consumer.assignment() if tp.topic == self.names.events}
+        except Exception:
+            owned = None
+        if owned is not None:
+            self._pending.keep_only(owned)
         present = set()
+        for entry in self._pending.entries():
+            present.add(entry.key)
+            self._index(entry.key, entry.record)
         for key, raw in list(self.windows.items()):
+            if key in present:
+                continue
             try:
                 record, _ = self._load(key, raw)
             except Exception:
