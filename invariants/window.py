@@ -123,26 +123,34 @@ class WindowState:
         apis = plan.apis
         points = plan.state_points
         keep_links = plan.links
+        # a snapshot point's variables come one after another: look its map up once
+        snapshot: tuple[Any, Any, Any] = (None, None, None)
+        per_call: dict[str, Any] = {}
         for index, event in enumerate(events):
             kind = event.KIND
             if kind == "state":
                 at = event.at
-                if at.__class__ is not str:
-                    at = ""
-                if points is not None and at not in points:
+                cid = event.cid
+                if (at, cid, event.pid) != snapshot:
+                    snapshot = (at, cid, event.pid)
+                    if at.__class__ is not str:
+                        at = ""
+                    if points is not None and at not in points:
+                        per_call = None
+                    else:
+                        call_key = "-" if cid is None else f"{event.pid}:{cid}"
+                        per_point = states.get(at)
+                        if per_point is None:
+                            per_point = states[at] = {}
+                        per_call = per_point.get(call_key)
+                        if per_call is None:
+                            per_call = per_point[call_key] = {}
+                if per_call is None:
                     continue
                 kept = event.attrs
                 kept["stage"] = event.stage
                 if event.vtype is not UNSET:
                     kept["vtype"] = event.vtype
-                cid = event.cid
-                call_key = "-" if cid is None else f"{event.pid}:{cid}"
-                per_point = states.get(at)
-                if per_point is None:
-                    per_point = states[at] = {}
-                per_call = per_point.get(call_key)
-                if per_call is None:
-                    per_call = per_point[call_key] = {}
                 per_call[event.name] = kept
             elif kind == "call":
                 # invariants key on the stable family name when the producer gives one
