@@ -29,7 +29,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
-from .wire import wire_types
+from .wire import payload, wire_types
 
 BACKWARD_APIS = frozenset({"torch.Tensor.backward", "torch.autograd.backward"})
 _PRE_STEP = "pre:torch.optim.Optimizer.step"
@@ -131,7 +131,7 @@ class StepSummaryBuilder:
     def _add_backward(acc: _RankAccumulator, event: Any) -> None:
         if (event.api or event.name) not in BACKWARD_APIS:
             return
-        args = event.args
+        args = payload(event.args)
         if not isinstance(args, dict):
             return
         for key in ("self", "tensors", "0"):

@@ -30,7 +30,7 @@ from typing import Any, Iterable
 import msgpack
 
 from .events import DATALOADER_WORKERS_META, WORKER_INIT_API
-from .wire import UNSET, wire_types
+from .wire import UNSET, payload, wire_types
 
 #: Snapshot attributes worth keeping for preconditions and evidence, besides digests.
 BASE_STATE_ATTRS = ("requires_grad", "dtype", "mtype", "is_leaf", "shape")
@@ -178,12 +178,12 @@ class WindowState:
                         fact = self._call_fact(event, api, key, seq, index, plan)
                         calls.append(fact)
                     fact["done"] = True
-                    if event.kwargs:
-                        self._fold_kwargs(fact, event.kwargs, api, plan)
+                    if event.kwargs is not None:
+                        self._fold_kwargs(fact, payload(event.kwargs), api, plan)
                     if phase == "exc":
                         fact["exc"] = True
                     elif event.ret is not UNSET:
-                        fact["ret"] = event.ret
+                        fact["ret"] = payload(event.ret)
             elif kind == "step":
                 if event.phase == "end":
                     facts["ended"] = True
@@ -202,10 +202,11 @@ class WindowState:
         pre-hooks never see them) count as the call's arguments; a pre-event argument of
         the same name wins."""
         keep = plan.keeps_args(api)
-        if keep is False or not isinstance(kwargs, dict):
+        if keep is False or not isinstance(kwargs, dict) or not kwargs:
             return
-        # a copy: the pre event's map may be the caller's own (a converted dict batch)
-        args = fact["args"] = dict(fact["args"]) if isinstance(fact.get("args"), dict) else {}
+        args = fact.get("args")
+        if not isinstance(args, dict):
+            args = fact["args"] = {}
         for name, value in kwargs.items():
             if isinstance(name, str) and name not in args and (keep is None or name in keep):
                 args[name] = value
@@ -236,17 +237,18 @@ class WindowState:
             fact["mtype"] = event.mtype
         if event.training.__class__ is bool:
             fact["training"] = event.training
-        ctx = event.ctx
+        ctx = payload(event.ctx)
         if ctx.__class__ is dict:
             fact["ctx"] = ctx
         keep = plan.keeps_args(api)
-        args = event.args
-        if keep is not False and args.__class__ is dict:
-            fact["args"] = args if keep is None else {k: v for k, v in args.items() if k in keep}
+        if keep is not False and event.args is not None:
+            args = payload(event.args)
+            if args.__class__ is dict:
+                fact["args"] = args if keep is None else {k: v for k, v in args.items() if k in keep}
         if phase == "exc":
             fact["exc"] = True
         elif phase == "post" and event.ret is not UNSET:
-            fact["ret"] = event.ret
+            fact["ret"] = payload(event.ret)
         return fact
 
     # ------------------------------------------------------------------ queries

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, ClassVar, Iterable, Literal, Mapping, TypedDict, Union
 
+import msgpack
 import msgspec
 
 from .codec import MAX_BATCH_BYTES, _extension, decode_batch
@@ -37,6 +38,10 @@ UNSET: Any = msgspec.UNSET
 
 
 class CallEvent(msgspec.Struct, tag_field="kind", tag="call", gc=False):
+    """The value summaries (``args``, ``kwargs``, ``ret``, ``ctx``) stay encoded until
+    read (`payload`): most calls are of APIs no deployed invariant names, and building
+    their nested maps was the largest part of decoding a call."""
+
     KIND: ClassVar[str] = "call"
     t: int
     pid: int
@@ -47,12 +52,12 @@ class CallEvent(msgspec.Struct, tag_field="kind", tag="call", gc=False):
     cid: int
     api: Any = None
     parent: Any = None
-    args: Any = None
-    kwargs: Any = None
-    ret: Any = UNSET
+    args: msgspec.Raw = None  # type: ignore[assignment]
+    kwargs: msgspec.Raw = None  # type: ignore[assignment]
+    ret: msgspec.Raw = UNSET
     exc: Any = None
     msg: Any = None
-    ctx: Any = None
+    ctx: msgspec.Raw = None  # type: ignore[assignment]
     module: Any = None
     mtype: Any = None
     training: Any = None
@@ -135,11 +140,22 @@ class WireTypes:
         return _check_header(batch)
 
     def convert(self, batch: Mapping[str, Any]) -> Any:
-        """An in-memory dict batch (tests, synthetic runs) as this selection's type."""
-        try:
-            return _check_header(msgspec.convert(batch, self.batch))
-        except msgspec.ValidationError as exc:
-            raise SchemaError("wrong_type", f"batch: {exc}") from None
+        """An in-memory dict batch (tests, synthetic runs) as this selection's type: it
+        goes through the wire encoding, so it is read exactly as a message would be."""
+        # datetime=True: a batch that was itself decoded may hold timestamps as datetimes
+        encoded = msgpack.packb(batch, use_bin_type=True, datetime=True)
+        return self.decode(encoded, max_bytes=len(encoded))
+
+
+#: Decodes a call's value summaries when they are read (same values as `decode_batch`).
+_PAYLOAD_DECODER = msgspec.msgpack.Decoder(ext_hook=_extension)
+
+
+def payload(value: Any) -> Any:
+    """The value of a call's ``args``/``kwargs``/``ret``/``ctx``: absent stays None or `UNSET`."""
+    if value is None or value is UNSET:
+        return value
+    return _PAYLOAD_DECODER.decode(value)
 
 
 def _check_header(batch: Any) -> Any:

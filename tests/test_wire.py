@@ -11,7 +11,7 @@ from invariants.invariant_file import load_default_set
 from invariants.step_summary import SUMMARY_STATE_ATTRS, StepSummaryBuilder
 from invariants.synthetic import SyntheticRun
 from invariants.window import FactPlan, WindowState
-from invariants.wire import UNSET, wire_types
+from invariants.wire import UNSET, payload, wire_types
 
 ENVELOPE = {"t": 1, "pid": 7, "tid": 1, "stage": "train"}
 
@@ -64,7 +64,7 @@ def test_absent_and_none_stay_distinct_where_they_differ():
         {"kind": "state", **ENVELOPE, "name": "w", "attrs": {"shape": [2], "device": "cpu"}},
     ]
     batch = wire_types(("shape",)).decode(encode_batch(_batch(events)))
-    assert batch.events[0].ret is UNSET and batch.events[1].ret is None
+    assert batch.events[0].ret is UNSET and payload(batch.events[1].ret) is None
     assert batch.events[2].vtype is UNSET
     assert batch.events[2].attrs == {"shape": [2]}  # unselected attributes are skipped
 
