@@ -250,8 +250,7 @@ class StreamChecker:
                 self.metrics.late_batch(run)  # its closed marker was already evicted
                 return
             window = self.engine.open(run, step)
-            record = WindowRecord(run, step, message.partition, now, now,
-                                  summary=StepSummaryBuilder(run, step).to_dict())
+            record = WindowRecord(run, step, message.partition, now, now, builder=StepSummaryBuilder(run, step))
         if record.closed:
             self.metrics.late_batch(run)
             return
@@ -261,9 +260,7 @@ class StreamChecker:
             log.exception("engine rejected a batch of run %s step %s", run, step)
             await self._dead_letter(message, "rejected", f"{type(exc).__name__}: {exc}")
             return
-        summary = StepSummaryBuilder.from_dict(record.summary or {"run": run, "step": step})
-        summary.add_batch(batch)
-        record.summary = summary.to_dict()
+        record.summary_builder().add_batch(batch)
         record.seen.append([rank, pid, seq])
         record.last_batch_at = now
         if producer_ts:
@@ -382,7 +379,7 @@ class StreamChecker:
         # Delivered before the closed marker is written: a crash in between can at worst
         # repeat a violation (same id, dropped by readers), never lose one.
         await self._settle(deliveries, "violation delivery")
-        summary = StepSummaryBuilder.from_dict(record.summary or {"run": record.run, "step": record.step})
+        summary = record.summary_builder()
         await self.summaries_topic.send(
             key=record.run.encode(),
             value=msgpack.packb({"summary": summary.summary().to_dict(), "lifecycle": record.lifecycle}),
@@ -390,6 +387,7 @@ class StreamChecker:
         record.emitted.extend(v["id"] for v in fresh)
         record.closed_at = self.clock()
         record.summary = None
+        record.builder = None
         self._store(key, record, None)
         self._ticks_sent.pop(key, None)
         if fresh:

@@ -17,6 +17,8 @@ from typing import Any
 
 import msgpack
 
+from invariants.step_summary import StepSummaryBuilder
+
 FORMAT = 1
 
 
@@ -39,6 +41,15 @@ class WindowRecord:
     emitted: list[str] = field(default_factory=list)  # violation ids emitted at close
     newest_producer_ts: float = 0.0
     lifecycle: list[list[Any]] = field(default_factory=list)  # [rank, "run_start"|"run_end"]
+    #: the live summary reducer while the record is in memory; `summary` is its state as
+    #: last written, refreshed by `to_bytes` (not serialised itself)
+    builder: Any = field(default=None, compare=False, repr=False)
+
+    def summary_builder(self) -> StepSummaryBuilder:
+        """The step summary reducer, rebuilt from the stored state once per record load."""
+        if self.builder is None:
+            self.builder = StepSummaryBuilder.from_dict(self.summary or {"run": self.run, "step": self.step})
+        return self.builder
 
     @property
     def closed(self) -> bool:
@@ -49,6 +60,8 @@ class WindowRecord:
         return [rank, pid, seq] in self.seen
 
     def to_bytes(self) -> bytes:
+        if self.builder is not None:
+            self.summary = self.builder.to_dict()
         return msgpack.packb(
             [
                 FORMAT, self.run, self.step, self.partition, self.opened_at, self.last_batch_at,
