@@ -96,12 +96,17 @@ def reportable(families: Mapping[tuple, Any], family: tuple, records: list[Recor
     return False
 
 
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+
+
 def freeze(value: Any) -> Any:
     """A hashable, msgpack/JSON-stable stand-in for an argument or return summary."""
+    if value.__class__ in _PLAIN:  # most values: digests, flags, sizes
+        return value
     if isinstance(value, dict):
         return tuple(sorted((str(k), freeze(v)) for k, v in value.items()))
     if isinstance(value, (list, tuple)):
-        return tuple(freeze(v) for v in value)
+        return tuple(map(freeze, value))
     return value
 
 

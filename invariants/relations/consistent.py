@@ -83,17 +83,21 @@ def replication_baseline(window: Any) -> dict[str, list[str]]:
     points: set[str] = set()
     for rank in ranks:
         points.update(view.facts(rank)["states"])
+    # (name, its snapshots on the ranks holding it) per point, shared by every attribute
+    columns: list[tuple[str, list[dict[str, Any]]]] = []
+    for at in points:
+        snapshots = [_latest_by_name(view.facts(rank), at) for rank in ranks]
+        for name in set().union(*(s.keys() for s in snapshots)):
+            holders = [s[name] for s in snapshots if name in s]
+            if len(holders) >= 2:
+                columns.append((name, holders))
     for attr in RANK_ATTRS:
         differing: set[str] = set()
         agreeing: set[str] = set()
-        for at in points:
-            snapshots = {rank: _latest_by_name(view.facts(rank), at) for rank in ranks}
-            names = set().union(*(s.keys() for s in snapshots.values()))
-            for name in names:
-                values = [freeze(s[name].get(attr)) for s in snapshots.values() if name in s]
-                if len(values) < 2 or all(v is None for v in values):
-                    continue
-                (agreeing if len(set(values)) == 1 else differing).add(name)
+        for name, holders in columns:
+            agree = _replicas_agree([attrs.get(attr) for attrs in holders])
+            if agree is not None:
+                (agreeing if agree else differing).add(name)
         # a shard may start equal (same init seed) and part after its first update:
         # differing anywhere in step 0 makes a variable rank-local, provided some
         # other variable agreed everywhere (the replicas exist)
@@ -140,6 +144,20 @@ def _drift_evidence(snapshots: dict[int, dict[str, dict]], name: str, attr: str,
     if any(v is not None for v in norms.values()):
         evidence[f"{norm_name}_by_rank"] = norms
     return evidence
+
+
+def _replicas_agree(values: list[Any]) -> bool | None:
+    """Whether the ranks' values of one attribute are the same (None: none has one).
+
+    Digests and dtypes are strings, compared as they are; anything else is frozen
+    first, so that a shape list and its tuple form agree."""
+    first = values[0]
+    if first.__class__ is str and all(v.__class__ is str and v == first for v in values):
+        return True
+    frozen = [freeze(v) for v in values]
+    if all(v is None for v in frozen):
+        return None
+    return len(set(frozen)) == 1
 
 
 def _framework_sharded(attrs: Mapping[str, Any]) -> bool:
