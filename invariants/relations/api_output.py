@@ -55,11 +55,12 @@ def _prop(summary: dict[str, Any], prop: str) -> Any:
     return value if value is None or is_scalar(value) else freeze(value)
 
 
-def _tensor_rank(summary: Any) -> int | None:
+def _tensor_shape(summary: Any) -> list | None:
+    """The shape of a tensor summary (None for anything else)."""
     if not isinstance(summary, dict) or summary.get("T") != "tensor":
         return None
     shape = summary.get("shape")
-    return len(shape) if isinstance(shape, list) else None
+    return shape if isinstance(shape, list) else None
 
 
 #: the type-free batch rule: any module forward, input "0" and output of this rank or more
@@ -77,11 +78,12 @@ def _batch_keeping_site(view: WindowView, call: dict[str, Any], rank: int, stage
     dimension need not be the batch any more.  Rank-1 tensors are not judged either:
     their one dimension is as often a feature or token axis as a batch.
     """
-    in_rank, out_rank = _tensor_rank(arg), _tensor_rank(ret)
-    if in_rank is None or in_rank != out_rank or in_rank < BATCH_KEEPING_MIN_RANK:
+    in_shape, out_shape = _tensor_shape(arg), _tensor_shape(ret)
+    if in_shape is None or out_shape is None or len(in_shape) != len(out_shape) \
+            or len(in_shape) < BATCH_KEEPING_MIN_RANK:
         return None
-    before, after = _prop(arg, "batch"), _prop(ret, "batch")
-    if before is None or after is None:
+    before, after = in_shape[0], out_shape[0]  # the "batch" property
+    if not isinstance(before, int) or not isinstance(after, int):
         return None
     holds = before == after
     if holds and families is not None:
@@ -156,8 +158,8 @@ def _call_sites(view: WindowView, call: dict[str, Any], rank: int, plan: "_CallP
                               {} if holds else (lambda before=before, after=after: {
                                   "call": call["key"], "module": call.get("module"), "input": before, "output": after})))
     bound_args = plan.bound_args
-    if bound_args is not None and not bound_args:
-        return
+    if bound_args is not None and bound_args.isdisjoint(args):
+        return  # no argument a deployed bound is about
     limits = [(name, limit) for name, limit in args.items()
               if (bound_args is None or name in bound_args) and _names_a_bound(name) and is_number(limit)]
     outputs = _numeric_outputs(ret) if limits else None

@@ -299,11 +299,33 @@ class SnapshotRecord(Mapping[str, Any]):
         self._first_step = first_step
 
     def get(self, name: str, default: Any = None) -> Any:
-        value = self._field(name)
-        return default if value is _ABSENT else value
+        attrs = self._attrs
+        if name == "stage":
+            return attrs.get("stage", "")
+        if name == "rank":
+            return self._rank
+        if name == "step_is_first":
+            return self._first_step
+        kind = _TYPED_SNAPSHOT_FIELDS.get(name)
+        if kind is not None:
+            value = attrs.get(name)
+            return value if isinstance(value, kind) else default
+        if name not in _GRADIENT_FIELDS or ("grad_digest" not in attrs and "grad_norm" not in attrs):
+            return default
+        if name == "has_grad":
+            return attrs.get("grad_digest") is not None
+        norm = attrs.get("grad_norm")
+        if not is_number(norm):
+            return default
+        if name == "grad_nonzero":
+            return norm > 0
+        data_norm = attrs.get("data_norm")
+        if not is_number(data_norm):
+            return default
+        return norm > SIGNIFICANT_GRAD_RATIO * data_norm if data_norm > 0 else norm > 0
 
     def __getitem__(self, name: str) -> Any:
-        value = self._field(name)
+        value = self.get(name, _ABSENT)
         if value is _ABSENT:
             raise KeyError(name)
         return value
@@ -318,36 +340,10 @@ class SnapshotRecord(Mapping[str, Any]):
         record: Record = {}
         for name in ("stage", "rank", "step_is_first", *_TYPED_SNAPSHOT_FIELDS, "has_grad", "grad_nonzero",
                      "grad_significant"):
-            value = self._field(name)
+            value = self.get(name, _ABSENT)
             if value is not _ABSENT:
                 record[name] = value
         return record
-
-    def _field(self, name: str) -> Any:
-        attrs = self._attrs
-        if name == "stage":
-            return attrs.get("stage", "")
-        if name == "rank":
-            return self._rank
-        if name == "step_is_first":
-            return self._first_step
-        kind = _TYPED_SNAPSHOT_FIELDS.get(name)
-        if kind is not None:
-            value = attrs.get(name)
-            return value if isinstance(value, kind) else _ABSENT
-        if name not in _GRADIENT_FIELDS or ("grad_digest" not in attrs and "grad_norm" not in attrs):
-            return _ABSENT
-        if name == "has_grad":
-            return attrs.get("grad_digest") is not None
-        norm = attrs.get("grad_norm")
-        if not is_number(norm):
-            return _ABSENT
-        if name == "grad_nonzero":
-            return norm > 0
-        data_norm = attrs.get("data_norm")
-        if not is_number(data_norm):
-            return _ABSENT
-        return norm > SIGNIFICANT_GRAD_RATIO * data_norm if data_norm > 0 else norm > 0
 
 
 class Template:
