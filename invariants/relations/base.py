@@ -143,12 +143,16 @@ class WindowView:
         self.variable_counts: Mapping[str, Any] = variable_counts or {}
         #: [alias, primary] pairs tied at step 0 (see `consistent.tie_baseline`)
         self.ties: list = ties or []
+        self._ranks: list[int] | None = None
         self._calls: dict[int, list[dict[str, Any]]] = {}
         self._calls_by_api: dict[int, dict[str, list[dict[str, Any]]]] = {}
         self._children: dict[int, dict[str, list[dict[str, Any]]]] = {}
 
     def ranks(self) -> list[int]:
-        return sorted(self.window.ranks)
+        """The window's ranks in order (shared by every template: do not modify)."""
+        if self._ranks is None:
+            self._ranks = sorted(self.window.ranks)
+        return self._ranks
 
     def facts(self, rank: int) -> dict[str, Any]:
         return self.window.ranks[rank]
