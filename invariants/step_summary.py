@@ -117,20 +117,24 @@ class StepSummaryBuilder:
         if isinstance(batch, dict):
             batch = wire_types(None).convert(batch)
         acc = self._ranks.setdefault(batch.rank, _RankAccumulator())
-        for event in batch.events:
+        events = batch.events
+        if acc.stage is None and events:
+            acc.stage = events[0].stage
+        for event in events:  # the hot loop: only optimizer-step snapshots and backward calls count
             kind = event.KIND
-            if kind == "call":
-                if event.phase == "pre":
+            if kind == "state":
+                where = event.at
+                if where == _PRE_STEP or where == _POST_STEP:
+                    self._add_state(acc, event, where)
+            elif kind == "call" and event.phase == "pre":
+                api = event.api
+                if api.__class__ is not str or not api:  # optional, and of any type on the wire
+                    api = event.name
+                if api in BACKWARD_APIS:
                     self._add_backward(acc, event)
-            elif kind == "state":
-                self._add_state(acc, event)
-            if acc.stage is None:
-                acc.stage = event.stage
 
     @staticmethod
     def _add_backward(acc: _RankAccumulator, event: Any) -> None:
-        if (event.api or event.name) not in BACKWARD_APIS:
-            return
         args = payload(event.args)
         if not isinstance(args, dict):
             return
@@ -141,10 +145,7 @@ class StepSummaryBuilder:
                 return
 
     @staticmethod
-    def _add_state(acc: _RankAccumulator, event: Any) -> None:
-        where = event.at
-        if where != _PRE_STEP and where != _POST_STEP:
-            return
+    def _add_state(acc: _RankAccumulator, event: Any, where: str) -> None:
         attrs = event.attrs
         name = event.name
         if where == _PRE_STEP:

@@ -77,7 +77,7 @@ class EnginePort:
     def new_run_state(self, run: str) -> Any:
         return self.run_state_type(run)
 
-    def compact_run_state(self, state: Any, keep: int = 256) -> None:
+    def compact_run_state(self, state: Any, keep: int = 128) -> None:
         """Bound a partition-local run state.
 
         A partition sees an irregular subset of a run's steps (keys are hashed), so the
@@ -87,7 +87,8 @@ class EnginePort:
         step this partition will see that has no window record.
         """
         above = getattr(state, "closed_above", None)
-        if isinstance(above, set) and len(above) > keep:
+        # trimmed to ``keep`` only once it holds twice that: one sort per ``keep`` closes
+        if isinstance(above, set) and len(above) > 2 * keep:
             kept = sorted(above)[-keep:]
             state.closed_above = set(kept)
             state.closed_below = max(state.closed_below, kept[0])

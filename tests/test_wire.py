@@ -153,3 +153,18 @@ def test_folding_a_dict_batch_twice_leaves_it_unchanged():
     assert msgpack.packb(batch) == before
     assert first.ranks == second.ranks
     assert first.ranks[0]["calls"][0]["args"] == {"0": 1, "mask": True}
+
+
+def test_optional_fields_of_any_type_do_not_break_the_fold_or_the_summary():
+    events = [
+        {"kind": "call", **ENVELOPE, "name": "torch.Tensor.backward", "phase": "pre", "cid": 1, "api": [1, 2],
+         "args": {"self": 2.5}, "module": {"x": 1}, "training": "yes", "ctx": [1], "parent": [3]},
+        {"kind": "state", **ENVELOPE, "name": "w", "attrs": {"grad_norm": "big"}, "at": {"a": 1}, "cid": [1]},
+    ]
+    batch = wire_types().decode(encode_batch(_batch(events)))
+    window = WindowState("r1", 3)
+    window.add_batch(batch, FactPlan.everything())
+    summary = StepSummaryBuilder("r1", 3)
+    summary.add_batch(batch)
+    assert summary.summary().loss == 2.5  # the api falls back to the name
+    assert window.ranks[0]["calls"][0]["api"] == "torch.Tensor.backward"
