@@ -263,10 +263,15 @@ class StepWindows:
             state = self.runs[run] = RunState(run)
         return state
 
-    def feed(self, batch: Batch) -> list[Violation]:
-        run, step = batch["run"], int(batch["step"])
+    def feed(self, batch: Any) -> list[Violation]:
+        """Fold one batch: typed (`invariants.wire`, as ``check`` and ``infer`` decode
+        trace files) or a dict (tests, in-memory runs)."""
+        if isinstance(batch, dict):
+            run, step, events = batch["run"], int(batch["step"]), batch["events"]
+        else:
+            run, step, events = batch.run, batch.step, batch.events
         self.batches += 1
-        self.events += len(batch["events"])
+        self.events += len(events)
         if self.run_state(run).is_closed(step):
             self.late_batches += 1
             return []

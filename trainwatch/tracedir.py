@@ -15,7 +15,7 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Iterable, Iterator
+from typing import Any, BinaryIO, Callable, Iterable, Iterator
 
 from invariants.codec import (
     TRACE_MAGIC,
@@ -55,7 +55,14 @@ def trace_files(trace_dir: str | Path) -> list[Path]:
     return files
 
 
-def _file_batches(path: Path, report: TraceReadReport) -> Iterator[Batch]:
+def _header(batch: Any) -> tuple[int, int]:
+    """(step, number of events) of a dict or typed batch."""
+    if isinstance(batch, dict):
+        return batch["step"], len(batch["events"])
+    return batch.step, len(batch.events)
+
+
+def _file_batches(path: Path, report: TraceReadReport, decode: Callable[[bytes], Any]) -> Iterator[Any]:
     scan = FrameScan()
     offset = len(TRACE_MAGIC)
     try:
@@ -63,12 +70,12 @@ def _file_batches(path: Path, report: TraceReadReport) -> Iterator[Batch]:
             try:
                 for payload in iter_frames(stream, scan):
                     try:
-                        batch = decode_batch(payload)
+                        batch = decode(payload)
                     except SchemaError as exc:
                         raise TraceDirError(f"{path}: corrupt batch at byte offset {offset}: {exc}") from None
                     offset += FRAME_HEADER.size + len(payload)
                     report.batches += 1
-                    report.events += len(batch["events"])
+                    report.events += _header(batch)[1]
                     yield batch
             except TraceCorruption as exc:
                 raise TraceDirError(f"{path}: corrupt at byte offset {exc.offset}: {exc}") from None
@@ -78,13 +85,19 @@ def _file_batches(path: Path, report: TraceReadReport) -> Iterator[Batch]:
         report.truncated.append((str(path), scan.truncated_at))
 
 
-def read_trace_dir(trace_dir: str | Path, report: TraceReadReport | None = None) -> Iterator[Batch]:
-    """All batches of a trace directory, merged by step (ties: file order, then file position)."""
+def read_trace_dir(trace_dir: str | Path, report: TraceReadReport | None = None, *,
+                   decode: Callable[[bytes], Any] = decode_batch) -> Iterator[Any]:
+    """All batches of a trace directory, merged by step (ties: file order, then file position).
+
+    ``decode`` turns a frame into a batch: dicts by default; ``check`` and ``infer`` pass
+    a typed decoder (`invariants.wire`), which is what their engine folds fastest.
+    """
     report = report if report is not None else TraceReadReport()
     files = trace_files(trace_dir)
     report.files.extend(str(f) for f in files)
     streams = [
-        ((batch["step"], index, position, batch) for position, batch in enumerate(_file_batches(path, report)))
+        ((_header(batch)[0], index, position, batch)
+         for position, batch in enumerate(_file_batches(path, report, decode)))
         for index, path in enumerate(files)
     ]
     for _, _, _, batch in heapq.merge(*streams, key=lambda item: item[:3]):

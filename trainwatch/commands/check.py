@@ -31,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
     from invariants.engine import Engine, StepWindows
     from invariants.invariant_file import InvariantFileError, load_default_set, load_set
     from invariants.report import CheckSummary, preconditions_by_id, render_html, render_json, render_text
+    from invariants.wire import wire_types
 
     from ..tracedir import TraceDirError, TraceReadReport, read_trace_dir
 
@@ -48,14 +49,16 @@ def run(args: argparse.Namespace) -> int:
         return _fail(str(exc))
 
     # files are merged in step order: a window is complete once the replay passes its step
-    windows = StepWindows.replay(Engine(invariant_set))
+    engine = Engine(invariant_set)
+    windows = StepWindows.replay(engine)
+    wire = wire_types(engine.plan.kept_attrs())  # decodes only what the deployed invariants read
     report = TraceReadReport()
     violations = []
     runs: list[str] = []
     try:
-        for batch in read_trace_dir(args.trace_dir, report):
-            if batch["run"] not in runs:
-                runs.append(batch["run"])
+        for batch in read_trace_dir(args.trace_dir, report, decode=wire.decode):
+            if batch.run not in runs:
+                runs.append(batch.run)
             violations.extend(windows.feed(batch))
     except TraceDirError as exc:
         return _fail(str(exc))

@@ -29,6 +29,7 @@ def run(args: argparse.Namespace) -> int:
     from invariants.inference import Inferencer
     from invariants.invariant_file import dumps
     from invariants.relations import TEMPLATES
+    from invariants.wire import wire_types
 
     from ..tracedir import TraceDirError, TraceReadReport, read_trace_dir
 
@@ -45,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     report = TraceReadReport()
     try:
         for trace_dir in args.trace_dirs:
-            inferencer.add_trace(read_trace_dir(trace_dir, report))
+            inferencer.add_trace(read_trace_dir(trace_dir, report, decode=wire_types(None).decode))
     except TraceDirError as exc:
         return _fail(str(exc))
     invariants = inferencer.finish()
