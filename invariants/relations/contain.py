@@ -49,25 +49,45 @@ def _cleared(attrs: Mapping[str, Any]) -> bool:
     return isinstance(norm, (int, float)) and norm == 0
 
 
+def _effects(api: str, families: Any = None) -> tuple[list[tuple[str, str, tuple]], list[tuple[str, str]]]:
+    """(attr, effect, family) of the per-variable effects and (attr, effect) of the
+    per-call effects judged at calls of ``api`` (all of them without ``families``)."""
+    variable = [(a, e, ("state", api, a, e)) for a, e in STATE_EFFECTS
+                if families is None or ("state", api, a, e) in families]
+    per_call = [(a, e) for a, e in CALL_EFFECTS if families is None or ("state", api, a, e) in families]
+    return variable, per_call
+
+
+class _CheckPlan:
+    """The deployed families as lookups, built once per invariant set."""
+
+    __slots__ = ("state", "call_apis", "call_pairs")
+
+    def __init__(self, families: Any) -> None:
+        #: api -> the effects of `_effects` that deployed rules name (APIs with none left out)
+        self.state = {f[1]: _effects(f[1], families) for f in families if f[0] == "state"}
+        #: (api, module type) pairs of the call-form families, and their APIs
+        self.call_pairs = frozenset((f[1], f[2]) for f in families if f[0] == "call")
+        self.call_apis = frozenset(api for api, _ in self.call_pairs)
+
+
 class EventContain(Template):
     relation = "EventContain"
 
     def is_value_family(self, family: tuple) -> bool:
         return family[0] == "call"
 
-    def check_plan(self, families: Any) -> tuple[frozenset[str], frozenset[tuple[str, str]]]:
-        """The APIs of the call-form families and their (api, module type) pairs."""
-        pairs = frozenset((f[1], f[2]) for f in families if f[0] == "call")
-        return frozenset(api for api, _ in pairs), pairs
+    def check_plan(self, families: Any) -> "_CheckPlan":
+        return _CheckPlan(families)
 
-    def sites(self, view: WindowView, families: Any = None, plan: Any = None) -> Iterator[Site]:
-        yield from self._state_sites(view, families)
+    def sites(self, view: WindowView, families: Any = None, plan: "_CheckPlan | None" = None) -> Iterator[Site]:
         if families is not None and plan is None:
-            plan = self.check_plan(families)
+            plan = _CheckPlan(families)
+        yield from self._state_sites(view, families, plan)
         yield from self._call_sites(view, families, plan)
 
     # ------------------------------------------------------------------ state changes
-    def _state_sites(self, view: WindowView, families: Any) -> Iterator[Site]:
+    def _state_sites(self, view: WindowView, families: Any, plan: "_CheckPlan | None") -> Iterator[Site]:
         checking = families is not None
         for rank in view.ranks():
             states = view.facts(rank)["states"]
@@ -75,11 +95,13 @@ class EventContain(Template):
                 if not at.startswith("pre:"):
                     continue
                 api = at[4:]
-                wanted = [(a, e, ("state", api, a, e)) for a, e in STATE_EFFECTS
-                          if not checking or ("state", api, a, e) in families]
-                per_call_wanted = [(a, e) for a, e in CALL_EFFECTS if not checking or ("state", api, a, e) in families]
-                if not wanted and not per_call_wanted:
-                    continue
+                if plan is None:
+                    wanted, per_call_wanted = _effects(api)
+                else:  # checking: the effects deployed rules name for this API
+                    effects = plan.state.get(api)
+                    if effects is None:
+                        continue
+                    wanted, per_call_wanted = effects
                 post_calls = states.get("post:" + api) or {}
                 for call_key, before in per_call.items():
                     after = post_calls.get(call_key)
@@ -139,9 +161,9 @@ class EventContain(Template):
         return found
 
     # ------------------------------------------------------------------ child calls
-    def _call_sites(self, view: WindowView, families: Any, plan: Any) -> Iterator[Site]:
+    def _call_sites(self, view: WindowView, families: Any, plan: "_CheckPlan | None") -> Iterator[Site]:
         # checking: the APIs and (api, module type) pairs some deployed rule is about
-        apis, pairs = (None, None) if families is None else plan
+        apis, pairs = (None, None) if plan is None else (plan.call_apis, plan.call_pairs)
         if apis is not None and not apis:
             return
         for rank in view.ranks():
