@@ -7,7 +7,7 @@ passes and DataLoader worker starts), written as real ``*.twtrace`` files and re
 back through `trainwatch.tracedir` — the path ``trainwatch infer/check`` take.
 
 Times are CPU seconds of this process (``time.process_time``): the benchmark machine
-is shared, and CPU time is what "per core" means.  Decoding (msgpack + schema
+is shared, and CPU time is what "per core" means.  Decoding (typed msgpack decoding with
 validation) is timed on its own in the same run so the engine's own cost can be
 separated from it::
 
@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from invariants.engine import Engine, StepWindows  # noqa: E402
+from invariants.wire import wire_types  # noqa: E402
 from invariants.inference import Inferencer  # noqa: E402
 from invariants.invariant_file import load_default_set  # noqa: E402
 from invariants.invariant_set import InvariantSet  # noqa: E402
@@ -62,19 +63,22 @@ def cpu(fn) -> tuple[float, object]:
 
 
 def decode_only(trace: Path) -> int:
-    return sum(len(b["events"]) for b in read_trace_dir(trace))
+    return sum(len(b.events) for b in read_trace_dir(trace, decode=wire_types(None).decode))
 
 
 def infer_trace(trace: Path) -> list:
+    """As ``trainwatch infer`` reads traces: typed batches, every attribute."""
     inferencer = Inferencer()
-    inferencer.add_trace(read_trace_dir(trace))
+    inferencer.add_trace(read_trace_dir(trace, decode=wire_types(None).decode))
     return inferencer.finish()
 
 
 def check_trace(trace: Path, invariant_set: InvariantSet) -> int:
-    windows = StepWindows.replay(Engine(invariant_set))
+    """As ``trainwatch check`` reads traces: typed batches, the attributes the set keeps."""
+    engine = Engine(invariant_set)
+    windows = StepWindows.replay(engine)
     found = 0
-    for batch in read_trace_dir(trace):
+    for batch in read_trace_dir(trace, decode=wire_types(engine.plan.kept_attrs()).decode):
         found += len(windows.feed(batch))
     return found + len(windows.finish())
 
@@ -116,8 +120,8 @@ def main() -> int:
         trace = root / "check"
         events = write_trace(trace, args.check_size, seed=3)
         decode_s, _ = cpu(lambda: decode_only(trace))
-        decoded = list(read_trace_dir(trace))
         for name, invariant_set in (("default", load_default_set()), ("inferred", inferred)):
+            decoded = list(read_trace_dir(trace, decode=wire_types(invariant_set.plan.kept_attrs()).decode))
             total_s, found = cpu(lambda: check_trace(trace, invariant_set))
             # the engine alone, on batches already decoded in memory (best of 3)
             engine_s = min(cpu(lambda: check_batches(decoded, invariant_set))[0] for _ in range(3))
