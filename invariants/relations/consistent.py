@@ -107,6 +107,15 @@ def replication_baseline(window: Any) -> dict[str, list[str]]:
     return result
 
 
+def _point_attrs(at: str, families: Any = None) -> tuple[list[str], list[str], list[str]]:
+    """The attributes judged at snapshot point ``at`` by the ``ranks``, ``variables``
+    and ``aliases`` scopes (all of them without ``families``)."""
+    def wanted(scope: str, attrs: tuple[str, ...]) -> list[str]:
+        return [a for a in attrs if families is None or (scope, at, a) in families]
+
+    return wanted("ranks", RANK_ATTRS), wanted("variables", TIED_ATTRS), wanted("aliases", TIED_ATTRS)
+
+
 def _differing_attrs(reference: Mapping[str, dict], others: list[Mapping[str, dict]], wanted: list[str]) -> list[str]:
     """The attributes in ``wanted`` whose value differs from ``reference`` for some
     variable on some other rank (all mappings hold the same names).  Replicas usually
@@ -190,31 +199,37 @@ class Consistent(Template):
     def is_value_family(self, family: tuple) -> bool:
         return family[0] == "variables"
 
-    def check_plan(self, families: Any) -> frozenset[str]:
-        """The snapshot points the families name (each family names one)."""
-        return frozenset(f[1] for f in families)
+    def check_plan(self, families: Any) -> dict[str, tuple[list[str], list[str], list[str]]]:
+        """Snapshot point -> the attributes its ``ranks``, ``variables`` and ``aliases``
+        families are about (points no family names are left out)."""
+        return {f[1]: _point_attrs(f[1], families) for f in families}
 
-    def sites(self, view: WindowView, families: Any = None, plan: frozenset[str] | None = None) -> Iterator[Site]:
+    def sites(self, view: WindowView, families: Any = None, plan: Any = None) -> Iterator[Site]:
+        if families is not None and plan is None:
+            plan = self.check_plan(families)
         ranks = view.ranks()
         points: set[str] = set()
         for rank in ranks:
             points.update(view.facts(rank)["states"])
-        # checking: skip the snapshot points no family names, unread
-        wanted_points = None if families is None else (plan if plan is not None else self.check_plan(families))
         for at in sorted(points):
-            if wanted_points is not None and at not in wanted_points:
+            if plan is None:
+                rank_attrs, tie_attrs, alias_attrs = _point_attrs(at)
+            elif at in plan:  # checking: the points no family names are skipped unread
+                rank_attrs, tie_attrs, alias_attrs = plan[at]
+            else:
                 continue
             snapshots = {rank: _latest_by_name(view.facts(rank), at) for rank in ranks}
-            yield from self._rank_sites(view, at, snapshots, families)
-            yield from self._tie_sites(view, at, snapshots, families)
-            yield from self._alias_sites(view, at, snapshots, families)
+            if rank_attrs:
+                yield from self._rank_sites(view, at, snapshots, families, rank_attrs)
+            if tie_attrs:
+                yield from self._tie_sites(view, at, snapshots, tie_attrs)
+            if alias_attrs:
+                yield from self._alias_sites(view, at, snapshots, families, alias_attrs)
 
-    def _rank_sites(self, view: WindowView, at: str, snapshots: dict[int, dict[str, dict]], families: Any) -> Iterator[Site]:
+    def _rank_sites(self, view: WindowView, at: str, snapshots: dict[int, dict[str, dict]], families: Any,
+                    wanted: list[str]) -> Iterator[Site]:
         present = [r for r, names in snapshots.items() if names]
         if len(present) < 2:
-            return
-        wanted = [a for a in RANK_ATTRS if families is None or ("ranks", at, a) in families]
-        if not wanted:
             return
         # rank-local variables (expert/tensor-parallel shards) are not replicas
         local = {a: set(view.rank_local.get(a, ())) for a in wanted}
@@ -266,11 +281,10 @@ class Consistent(Template):
                         snapshots, name, attr, values, holders),
                 )
 
-    def _tie_sites(self, view: WindowView, at: str, snapshots: dict[int, dict[str, dict]], families: Any) -> Iterator[Site]:
-        for attr in TIED_ATTRS:
+    def _tie_sites(self, view: WindowView, at: str, snapshots: dict[int, dict[str, dict]],
+                   attrs: list[str]) -> Iterator[Site]:
+        for attr in attrs:
             family = ("variables", at, attr)
-            if families is not None and family not in families:
-                continue
             for rank, names in sorted(snapshots.items()):
                 if not names:
                     continue
@@ -297,11 +311,10 @@ class Consistent(Template):
                     context=names,
                 )
 
-    def _alias_sites(self, view: WindowView, at: str, snapshots: dict[int, dict[str, dict]], families: Any) -> Iterator[Site]:
-        for attr in TIED_ATTRS:
+    def _alias_sites(self, view: WindowView, at: str, snapshots: dict[int, dict[str, dict]], families: Any,
+                     attrs: list[str]) -> Iterator[Site]:
+        for attr in attrs:
             family = ("aliases", at, attr)
-            if families is not None and family not in families:
-                continue
             run_ties = {tuple(pair) for pair in view.ties}
             for rank, names in sorted(snapshots.items()):
                 pairs = set(run_ties)
