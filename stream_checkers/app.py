@@ -361,6 +361,9 @@ class StreamChecker:
 
     async def _close(self, key: bytes, record: WindowRecord, window: Any, *, forced: bool) -> None:
         started = time.perf_counter()
+        # a forced close is about missing ranks, or only about DataLoader workers that never reported
+        missing_ranks = forced and bool(self.engine.missing_ranks(window))
+        missing_workers = forced and self.engine.missing_workers(window) > 0
         run_key, run_state = self._run_state(record.run, record.partition)
         violations = self.engine.evaluate(window, run_state)
         elapsed = time.perf_counter() - started
@@ -393,7 +396,8 @@ class StreamChecker:
         if fresh:
             # Flush the marker too, so a crash from here on cannot repeat the violations.
             await self._settle([self.app.producer.flush()], "producer flush")
-        self.metrics.window_closed(record.run, record.step, missing_ranks=forced, seconds=elapsed)
+        self.metrics.window_closed(record.run, record.step, missing_ranks=missing_ranks,
+                                   missing_workers=missing_workers, seconds=elapsed)
         for violation in fresh:
             self._report(violation)
 

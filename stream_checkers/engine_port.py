@@ -65,6 +65,13 @@ class EnginePort:
     def complete(self, window: Any) -> bool:
         return bool(self.engine.is_complete(window))
 
+    def missing_ranks(self, window: Any) -> list[int]:
+        return list(window.missing_ranks())
+
+    def missing_workers(self, window: Any) -> int:
+        """Announced DataLoader workers of the window that have not reported."""
+        return int(window.missing_workers())
+
     def evaluate(self, window: Any, run_state: Any) -> list[dict[str, Any]]:
         return [violation.to_dict() for violation in self.engine.evaluate(window, run_state)]
 

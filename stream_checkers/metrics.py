@@ -71,6 +71,11 @@ class CheckerMetrics:
             "trainwatch_missing_rank_windows", "Step windows closed by the grace timer with ranks missing.",
             ["run"], registry=registry,
         )
+        self.missing_worker_windows = Counter(
+            "trainwatch_missing_worker_windows",
+            "Step windows closed by the grace timer while DataLoader workers a rank announced had not reported.",
+            ["run"], registry=registry,
+        )
         self.window_evaluation = Histogram(
             "trainwatch_window_evaluation_seconds", "Time to evaluate one closed step window.",
             buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
@@ -154,7 +159,8 @@ class CheckerMetrics:
         self.late_batches.labels(run=run).inc()
 
     # -- windows -----------------------------------------------------------------------
-    def window_closed(self, run: str, step: int, *, missing_ranks: bool, seconds: float) -> None:
+    def window_closed(self, run: str, step: int, *, missing_ranks: bool, seconds: float,
+                      missing_workers: bool = False) -> None:
         self.window_evaluation.observe(seconds)
         self.steps_checked.labels(run=run).inc()
         if step > self._last_checked.get(run, -1):
@@ -162,6 +168,8 @@ class CheckerMetrics:
             self.last_checked_step.labels(run=run).set(step)
         if missing_ranks:
             self.missing_rank_windows.labels(run=run).inc()
+        if missing_workers:
+            self.missing_worker_windows.labels(run=run).inc()
 
     def violation(self, run: str, relation: str, invariant: str, step: int) -> None:
         self.violations.labels(run=run, relation=relation, invariant=invariant).inc()

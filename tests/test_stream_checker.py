@@ -193,6 +193,24 @@ def test_run_that_never_sends_rank_1_is_reported_per_step_after_the_grace_period
     assert len(_invariant_violations(kafka_broker.bootstrap)) == 3
 
 
+def test_a_dataloader_worker_that_never_reports_is_not_a_missing_rank(kafka_broker, checker):
+    """Ranks announce the DataLoader workers they start; the window waits for their
+    reports, and when the grace timer closes it without them, the close counts as
+    missing workers, not as missing ranks, and no rank is reported missing."""
+    worker = checker()
+    announce = {"kind": "meta", "t": time.time_ns(), "pid": 100, "tid": 1, "stage": "train",
+                "what": "dataloader_workers", "workers": 1}
+    produce(kafka_broker.bootstrap, EVENTS,
+            [synthetic_step_batch("run-w", rank, 2, 0, extra=[announce]) for rank in (0, 1)]
+            + [synthetic_step_batch("run-w", rank, 2, 1) for rank in (0, 1)])
+    wait_until(lambda: metric(worker.metrics(), "trainwatch_missing_worker_windows_total", run="run-w") == 1, 30,
+               what="the window without its DataLoader workers closed by the grace timer")
+    samples = worker.metrics()
+    assert metric(samples, "trainwatch_steps_checked_total", run="run-w") == 2
+    assert metric(samples, "trainwatch_missing_rank_windows_total", run="run-w") == 0
+    assert not [v for v in _invariant_violations(kafka_broker.bootstrap) if v["relation"] == "AllRanksReport"]
+
+
 def _kill_and_recover(kafka_broker, checker, pinned_invariants: str, *, takeover: bool) -> None:
     batches = _run_batches("run-k", range(30), diverge_from=10)
     expected = _expected_ids(batches, pinned_invariants)
