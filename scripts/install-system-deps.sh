@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Debian packages used by the end-to-end tests: real Prometheus/Alertmanager and
-# docker-compose (to validate the compose file without an engine). Skipped when present.
+# Debian packages used by the end-to-end tests: real Prometheus/Alertmanager,
+# docker-compose (to validate the compose file without an engine) and stunnel (a TLS
+# listener in front of the test broker). Skipped when present.
 set -euo pipefail
 need=()
 command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
@@ -8,6 +9,7 @@ command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v prometheus-alertmanager >/dev/null 2>&1 || need+=(prometheus-alertmanager)
 command -v amtool >/dev/null 2>&1 || need+=(prometheus-alertmanager)
 command -v docker-compose >/dev/null 2>&1 || need+=(docker-compose)
+command -v stunnel4 >/dev/null 2>&1 || command -v stunnel >/dev/null 2>&1 || need+=(stunnel4)
 if [ ${#need[@]} -eq 0 ]; then exit 0; fi
 if [ "$(id -u)" -ne 0 ]; then
   echo "install-system-deps: missing ${need[*]} (run as root or install them; those tests will be skipped)" >&2

@@ -79,6 +79,9 @@ class EmbeddedBroker:
     host: str = "127.0.0.1"
     port: int = 0
     log_path: Path | None = None
+    #: Port clients are told to connect to (metadata), when a proxy in front of the
+    #: broker owns the address clients use, e.g. a TLS terminator; 0 = ``port``.
+    advertised_port: int = 0
     _proc: subprocess.Popen | None = field(default=None, repr=False)
     _log: object = field(default=None, repr=False)
 
@@ -99,9 +102,10 @@ class EmbeddedBroker:
         if not self.port:
             self.port = free_port(self.host)
         url = f"tcp://{self.host}:{self.port}"
+        advertised = f"tcp://{self.host}:{self.advertised_port or self.port}"
         self._log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         self._proc = subprocess.Popen(
-            [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", url],
+            [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", advertised],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

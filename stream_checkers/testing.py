@@ -22,9 +22,10 @@ __all__ = ["CheckerProcess", "metric", "scrape", "wait_until", "read_topic", "pr
            "synthetic_step_batch", "iter_violations"]
 
 
-def read_topic(bootstrap: str, topic: str, *, timeout_s: float = 10.0) -> list[Any]:
+def read_topic(bootstrap: str, topic: str, *, timeout_s: float = 10.0,
+               security_kwargs: dict[str, Any] | None = None) -> list[Any]:
     """Every record currently in ``topic`` (all partitions, from the beginning)."""
-    reader = TopicReader(bootstrap, topic)
+    reader = TopicReader(bootstrap, topic, security_kwargs)
     try:
         return reader.read_all(timeout_s)
     finally:

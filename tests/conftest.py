@@ -45,3 +45,25 @@ def clean_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINWATCH_")}
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
+
+
+@pytest.fixture
+def tls_kafka_broker(tmp_path):
+    """A fresh tansu broker reachable only over TLS (stunnel in front, throwaway CA).
+
+    Skips when stunnel is missing, and fails instead when TRAINWATCH_REQUIRE_SYSTEM_DEPS=1
+    (CI installs it with scripts/install-system-deps.sh).
+    """
+    from stream_checkers.tls_broker import TlsKafkaBroker, find_stunnel
+
+    if find_stunnel() is None:
+        reason = "stunnel is not installed (bash scripts/install-system-deps.sh installs it)"
+        if os.environ.get("TRAINWATCH_REQUIRE_SYSTEM_DEPS") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    broker = TlsKafkaBroker(tmp_path / "tls-broker")
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
