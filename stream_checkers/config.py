@@ -48,6 +48,14 @@ class KafkaSecurity:
             raise ValueError(f"security protocol {self.protocol!r} is not one of {sorted(allowed)}")
         if self.protocol.startswith("SASL") and not (self.username and self.password):
             raise ValueError(f"{self.protocol} needs a SASL username and password")
+        if self.ssl_cafile and self.protocol.endswith("SSL"):
+            # Loaded here so that a missing or non-PEM file is a usage error at start,
+            # not a string of failed handshakes ending in "unable to bootstrap".
+            try:
+                ssl.create_default_context(cafile=self.ssl_cafile)
+            except (OSError, ssl.SSLError) as exc:
+                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+                raise ValueError(f"TRAINWATCH_KAFKA_SSL_CAFILE={self.ssl_cafile} cannot be loaded: {reason}") from None
 
     def kafka_python_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for kafka-python clients (admin, consumer, producer)."""

@@ -91,13 +91,21 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     from kafka.errors import KafkaError
 
+    from stream_checkers.tls_preflight import KafkaTlsError, check_tls, tls_listener_hint
     from stream_checkers.topics import TopicMismatch
     from stream_checkers.worker import run_worker
 
+    handshake_timeout_s = min(config.connect_timeout_seconds, 10.0)
     try:
+        check_tls(config.bootstrap_servers, config.security, handshake_timeout_s)
         return run_worker(config, engine)
-    except (KafkaError, TopicMismatch) as exc:
+    except KafkaTlsError as exc:
         print(f"trainwatch serve: Kafka at {config.bootstrap}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (KafkaError, TopicMismatch) as exc:
+        hint = tls_listener_hint(config.bootstrap_servers, config.security) if isinstance(exc, KafkaError) else None
+        print(f"trainwatch serve: Kafka at {config.bootstrap}: {exc}" + (f"; {hint}" if hint else ""),
+              file=sys.stderr)
         return EXIT_USAGE
     except OSError as exc:
         print(f"trainwatch serve: {exc}", file=sys.stderr)
