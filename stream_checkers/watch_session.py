@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from .config import KafkaSecurity
 from .report import decode_violation
 from .violation_fold import RepeatFolder
 from .supervisor import CheckerProcess, TopicReader, metric
@@ -54,7 +55,8 @@ class ViolationFollower(threading.Thread):
 
     def __init__(self, bootstrap: str, topic: str, run_id: str, out: TextIO, *, fold_repeats: bool = True) -> None:
         super().__init__(name="trainwatch-violations", daemon=True)
-        self.reader = TopicReader(bootstrap, topic)
+        # The same TRAINWATCH_KAFKA_* settings the checker and the producers use.
+        self.reader = TopicReader(bootstrap, topic, KafkaSecurity.from_env().kafka_python_kwargs())
         self.run_id = run_id
         self.out = out
         self.seen: dict[str, dict[str, Any]] = {}
