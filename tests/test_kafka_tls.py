@@ -162,3 +162,38 @@ def test_watch_checks_a_training_job_through_a_tls_cluster(tls_kafka_broker, tls
     summary = re.search(r"run mlp-tls: (\d+) step\(s\) checked; no violation; training exited 0$",
                         result.stderr.strip().splitlines()[-1])
     assert summary and int(summary.group(1)) >= 4, result.stderr[-3000:]
+
+
+def test_watch_with_its_embedded_broker_ignores_cluster_security_settings(clean_env, tmp_path):
+    """Variables exported for a secured cluster must not break the plaintext embedded broker."""
+    env = {**clean_env, "TRAINWATCH_KAFKA_SECURITY_PROTOCOL": "SSL",
+           "TRAINWATCH_KAFKA_SSL_CAFILE": str(tmp_path / "cluster-ca.pem")}
+    result = subprocess.run([sys.executable, "-m", "trainwatch.cli", "watch", "--", sys.executable, "-c", "pass"],
+                            env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert ("ignoring TRAINWATCH_KAFKA_SECURITY_PROTOCOL, TRAINWATCH_KAFKA_SSL_CAFILE: "
+            "the embedded broker is plaintext on loopback") in result.stderr
+    assert "(embedded tansu broker)" in result.stderr
+
+
+def test_a_producer_with_wrong_tls_settings_never_blocks_and_counts_every_drop(tls_kafka_broker, tmp_path):
+    """Training must go on when its Kafka settings are wrong: writes return at once and
+    whatever cannot be delivered is counted as dropped when the sink closes."""
+    tls = tls_kafka_broker
+    other_ca = make_certificates(tmp_path / "other-pki", name="some other").ca_file
+    wrong = {
+        "untrusted certificate": (tls.bootstrap, {**tls.kafka_python_kwargs(), "ssl_cafile": str(other_ca)}),
+        "TLS client at a plaintext port": (tls.plaintext_bootstrap, tls.kafka_python_kwargs()),
+        "plaintext client at the TLS port": (tls.bootstrap, {}),
+    }
+    batches = [synthetic_step_batch("run-x", 0, 1, step) for step in range(3)]
+    for what, (bootstrap, settings) in wrong.items():
+        sink = KafkaSink(bootstrap, EVENTS, settings=settings)
+        started = time.monotonic()
+        for batch in batches:
+            sink.write(batch, encode_batch(batch))
+        assert time.monotonic() - started < 5.0, what  # queued, never waited on
+        sink.close(timeout_s=1.0)
+        stats = sink.stats()
+        assert (stats.sent_batches, stats.dropped_batches) == (0, len(batches)), (what, stats)
+        assert stats.dropped_events == sum(len(b["events"]) for b in batches), what

@@ -63,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
         except BrokerUnavailable as exc:
             print(f"trainwatch watch: {exc}", file=sys.stderr)
             return EXIT_USAGE
+        _drop_cluster_security_settings()
     options = WatchOptions(
         command=command,
         run_id=args.run_id or _run_id(command),
@@ -81,6 +82,18 @@ def run(args: argparse.Namespace) -> int:
         return WatchSession(options).run()
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _drop_cluster_security_settings() -> None:
+    """The embedded broker is plaintext on loopback: SSL/SASL variables exported for a
+    cluster would make the checker and the producers fail against it, so this process
+    and its children (checker, collect) run without them."""
+    names = sorted(name for name in os.environ if name.startswith("TRAINWATCH_KAFKA_"))
+    if names:
+        print(f"trainwatch watch: ignoring {', '.join(names)}: the embedded broker is plaintext on loopback "
+              "(use --bootstrap for a secured cluster)", file=sys.stderr)
+    for name in names:
+        del os.environ[name]
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
