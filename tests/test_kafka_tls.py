@@ -197,3 +197,6 @@ def test_a_producer_with_wrong_tls_settings_never_blocks_and_counts_every_drop(t
         stats = sink.stats()
         assert (stats.sent_batches, stats.dropped_batches) == (0, len(batches)), (what, stats)
         assert stats.dropped_events == sum(len(b["events"]) for b in batches), what
+        if settings:  # a TLS client: the reason is the handshake, found within the probe's deadline
+            reason = wait_until(lambda: sink.last_error, 10, what=f"the reason for {what}")
+            assert "TLS" in reason, (what, reason)
