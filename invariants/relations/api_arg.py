@@ -95,12 +95,12 @@ class APIArg(Template):
                     evidence = {"call_index": index, "arg": name,
                                 "values_by_rank": {str(r): c["args"][name] for r, c in calls.items()}}
                 yield Site(
-                    family,
-                    holds,
-                    lambda calls=calls: [view.call_record(c, r) for r, c in calls.items()],
-                    odd,
-                    calls[holders[0]].get("stage", ""),
-                    evidence,
+                    family=family,
+                    observed=holds,
+                    records=lambda calls=calls: [view.call_record(c, r) for r, c in calls.items()],
+                    ranks=odd,
+                    stage=calls[holders[0]].get("stage", ""),
+                    evidence=evidence,
                 )
 
     def _distinct_sites(self, view: WindowView, api: str, per_rank: dict, families: Any,
@@ -135,12 +135,12 @@ class APIArg(Template):
                             repeated.append(c["args"][name])
                     evidence = {"arg": name, "calls": len(calls), "repeated_values": repeated[:5]}
                 yield Site(
-                    family,
-                    holds,
-                    lambda calls=calls, rank=rank: [view.call_record(calls[0], rank)],
-                    [rank],
-                    calls[0].get("stage", ""),
-                    evidence,
+                    family=family,
+                    observed=holds,
+                    records=lambda calls=calls, rank=rank: [view.call_record(calls[0], rank)],
+                    ranks=[rank],
+                    stage=calls[0].get("stage", ""),
+                    evidence=evidence,
                 )
 
     def params(self, family: tuple, value: Any) -> dict[str, Any]:

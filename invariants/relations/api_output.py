@@ -28,7 +28,7 @@ they were given", whatever the user's sampler class is called.  Keyword argument
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 from ..window import FactPlan
 from .base import Lazy, Site, Template, WindowView, freeze, is_number, is_scalar, thaw

@@ -20,7 +20,7 @@ Two kinds of site:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from ..precondition import needs_records
 from ..window import FactPlan, WindowState, sorted_calls
@@ -69,7 +69,8 @@ class Site:
 
 class Lazy:
     """Records built at most once, however many sites share them (a variable's effects,
-    a call's properties).  A slotted callable: checking creates one per failing site."""
+    a call's properties).  A slotted callable: cheaper to create than a closure, and
+    inference creates one per variable or call."""
 
     __slots__ = ("_build", "_records")
 
@@ -243,7 +244,7 @@ class WindowView:
         get = attrs.get
         record: Record = {"stage": get("stage", ""), "rank": rank, "step_is_first": self.step == 0}
         # snapshot attributes of an unexpected type are "unknown", like missing ones
-        # (unrolled: checking builds one record per failing variable site)
+        # (unrolled: inference builds one record per variable site and effect)
         value = get("vtype")
         if isinstance(value, str):
             record["vtype"] = value

@@ -271,7 +271,7 @@ class Consistent(Template):
                     yield Site(("ranks", at, attr), True, records, holders,
                                snapshots[holders[0]][name].get("stage", ""), {})
                     continue
-                yield Site(
+                yield Site(  # positional: drifted replicas fail at every variable
                     ("ranks", at, attr),
                     False,
                     records,
@@ -330,13 +330,13 @@ class Consistent(Template):
                 if not broken and families is not None:
                     continue
                 yield Site(
-                    family,
-                    not broken,
+                    family=family,
+                    observed=not broken,
                     # a tie binds in every stage and context: no precondition worth learning
-                    [{"rank": rank}],
-                    [rank],
-                    view.rank_stage(rank),
-                    {} if not broken else {
+                    records=[{"rank": rank}],
+                    ranks=[rank],
+                    stage=view.rank_stage(rank),
+                    evidence={} if not broken else {
                         "broken": [{"alias": a, "of": b, "alias_value": names[a][attr], "value": names[b][attr],
                                     "still_reported_as_alias": names[a].get("alias_of") == b} for a, b in broken[:4]],
                         "attr": attr,

@@ -146,7 +146,7 @@ class EventContain(Template):
                         lambda pre_attrs=pre_attrs: [view.state_record(pre_attrs, rank)])
                 if checking and not reportable(families, family, record):
                     continue
-                found.append(Site(
+                found.append(Site(  # positional: one per failing variable
                     family,
                     holds,
                     record,
@@ -191,12 +191,12 @@ class EventContain(Template):
                         if is_scalar(value):
                             observed.add(("arg", child["api"], name, value))
                 yield Site(
-                    family,
-                    frozenset(observed),
-                    lambda call=call, rank=rank: [view.call_record(call, rank)],
-                    [rank],
-                    call.get("stage", ""),
-                    lambda call=call, children=children: {
+                    family=family,
+                    observed=frozenset(observed),
+                    records=lambda call=call, rank=rank: [view.call_record(call, rank)],
+                    ranks=[rank],
+                    stage=call.get("stage", ""),
+                    evidence=lambda call=call, children=children: {
                         "call": call["key"], "module": call.get("module"),
                         "children": sorted({c["api"] for c in children.get(call["key"], ())})},
                 )
@@ -298,12 +298,12 @@ def _changes_some_site(view: WindowView, rank: int, api: str, attr: str, effect:
     if not changed and with_grad and not significant:
         return None  # every gradient is below what can move float32 weights: proves nothing
     return Site(
-        ("state", api, attr, effect),
-        changed,
-        Lazy(lambda: [_call_state_record(view, first, rank)]),
-        [rank],
-        first.get("stage", ""),
-        {} if changed else (lambda: {
+        family=("state", api, attr, effect),
+        observed=changed,
+        records=Lazy(lambda: [_call_state_record(view, first, rank)]),
+        ranks=[rank],
+        stage=first.get("stage", ""),
+        evidence={} if changed else (lambda: {
             "call": call_key, "parameters": compared, "with_gradient": with_grad,
             "with_significant_gradient": significant, "unchanged": sorted(before)[:4],
         }),

@@ -64,12 +64,12 @@ class APISequence(Template):
                 if record is None:
                     record = {"stage": view.rank_stage(rank), "step_is_first": view.step == 0}
                 yield Site(
-                    family,
-                    before,
-                    [record],
-                    [rank],
-                    view.rank_stage(rank),
-                    lambda before=before, then=then: {"calls_before": sorted(before), "then": then},
+                    family=family,
+                    observed=before,
+                    records=[record],
+                    ranks=[rank],
+                    stage=view.rank_stage(rank),
+                    evidence=lambda before=before, then=then: {"calls_before": sorted(before), "then": then},
                 )
 
     def params(self, family: tuple, value: Any) -> dict[str, Any]:

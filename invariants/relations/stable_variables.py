@@ -63,12 +63,12 @@ class StableVariables(Template):
                 if holds and families is not None:
                     continue
                 yield Site(
-                    family,
-                    holds,
-                    lambda rank=rank: [view.window_record(rank)],
-                    [rank],
-                    view.rank_stage(rank),
-                    {} if holds else {
+                    family=family,
+                    observed=holds,
+                    records=lambda rank=rank: [view.window_record(rank)],
+                    ranks=[rank],
+                    stage=view.rank_stage(rank),
+                    evidence={} if holds else {
                         "at": at, "count_at_step_0": baseline, "count": len(names),
                         "names": sorted(names)[:MAX_NAMES_IN_EVIDENCE],
                     },
