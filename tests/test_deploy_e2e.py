@@ -12,8 +12,9 @@ Prometheus get the command line flags and environment of their compose services.
 
 Besides the training run, a few hand-made batches on the events topic (wire contract
 of `invariants.events`) create what a healthy run does not: a malformed message, a
-rank that never reports, a late batch, producer drops and a NaN loss — so that every
-dashboard query and every pipeline alert meets real data.
+rank that never reports, a late batch, producer drops, a NaN loss and DataLoader
+workers that never report — so that every dashboard query and every pipeline alert
+meets real data.
 """
 
 from __future__ import annotations
@@ -282,8 +283,9 @@ def _event(kind: str, **fields: Any) -> dict[str, Any]:
 
 
 def publish_pipeline_faults(producer: Any, step_closed: Callable[[], bool]) -> None:
-    """A 2-rank run in which rank 1 never reports step 0 in time, the loss is NaN and the
-    producer admits dropping events; plus one message that is not a batch at all."""
+    """A 2-rank run in which rank 1 never reports step 0 in time, the loss is NaN, the
+    producer admits dropping events and step 1's DataLoader workers never report; plus
+    one message that is not a batch at all."""
     from invariants.codec import encode_batch
     from invariants.events import batch_key, make_batch
 
@@ -297,6 +299,13 @@ def publish_pipeline_faults(producer: Any, step_closed: Callable[[], bool]) -> N
         _event("step", phase="end"),
     ])
     producer.send(topic, key=batch_key(PIPELINE_RUN, 0), value=encode_batch(rank0))
+    # Step 1: both ranks report, but the DataLoader worker each announced never does.
+    for rank in (0, 1):
+        step1 = make_batch(run=PIPELINE_RUN, rank=rank, world=2, step=1, seq=1, events=[
+            _event("step", phase="begin"), _event("meta", what="dataloader_workers", workers=1),
+            _event("step", phase="end"),
+        ])
+        producer.send(topic, key=batch_key(PIPELINE_RUN, 1), value=encode_batch(step1))
     producer.send(topic, key=b"not-a-run:0", value=b"\xc1 this is not msgpack")
     producer.flush(timeout=10)
     # Rank 1 reports only after the grace period closed the window without it.
