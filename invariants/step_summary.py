@@ -26,7 +26,7 @@ and ratios take the maximum (the worst rank is the one to hear about).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from .wire import payload, wire_types
@@ -52,9 +52,10 @@ class StepSummary:
     stage: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["ranks"] = list(self.ranks)
-        return data
+        # field by field: dataclasses.asdict deep-copies recursively, and this runs per step
+        return {"run": self.run, "step": self.step, "loss": self.loss, "grad_norm": self.grad_norm,
+                "update_ratio": self.update_ratio, "nonfinite_grads": self.nonfinite_grads,
+                "ranks": list(self.ranks), "stage": self.stage}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "StepSummary":

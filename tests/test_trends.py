@@ -124,3 +124,13 @@ def test_alert_is_violation_shaped_with_stable_id():
 def test_unknown_rule_settings_are_rejected():
     with pytest.raises(ValueError, match="unknown trend rule"):
         TrendRules.from_dict({"spike_factr": 2})
+
+
+def test_step_summary_dict_has_every_field_and_round_trips():
+    from dataclasses import fields
+
+    summary = StepSummary("r", 3, loss=1.0, grad_norm=2.0, update_ratio=0.1, nonfinite_grads=1, ranks=(0, 1),
+                          stage="train")
+    data = summary.to_dict()
+    assert set(data) == {f.name for f in fields(StepSummary)}
+    assert StepSummary.from_dict(msgpack.unpackb(msgpack.packb(data))) == summary
