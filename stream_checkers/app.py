@@ -383,7 +383,10 @@ class StreamChecker:
         # repeat a violation (same id, dropped by readers), never lose one.
         await self._settle(deliveries, "violation delivery")
         summary = record.summary_builder()
-        await self.summaries_topic.send(
+        # Queued, not awaited: the producer's buffer sends it before the closed marker
+        # queued below (both go out in order), and the agent does not wait a broker round
+        # trip per step for a record of the run's one summaries partition.
+        self.summaries_topic.send_soon(
             key=record.run.encode(),
             value=msgpack.packb({"summary": summary.summary().to_dict(), "lifecycle": record.lifecycle}),
         )
