@@ -1,10 +1,11 @@
 """The event model: what a training process says about itself, per rank and step.
 
-This module is the wire contract between producers and checkers (DESIGN §2). It is
-deliberately made of plain dicts and lists rather than classes: batches are decoded
-from msgpack at tens of thousands per second, and a dict is what msgpack gives us for
-free.  The validators here turn untrusted input into a precise `SchemaError` instead of
-a `KeyError` deep inside a relation.
+This module is the wire contract between producers and checkers (DESIGN §2).
+Producers build events as plain dicts and lists, which is what msgpack encodes for
+free; the validators here turn untrusted decoded input into a precise `SchemaError`
+instead of a `KeyError` deep inside a relation.  Checkers decode the same contract
+into typed structs (`invariants.wire`), which validate while they decode and must
+accept exactly what these validators accept.
 
 A *batch* is the unit on the wire and in trace files::
 
