@@ -134,6 +134,8 @@ def throughput(workers: int, steps: int, layers: int, workdir: Path, extra: list
     return {"workers": workers, "events": total_events, "batches": len(records),
             "events_per_batch": round(total_events / len(records), 1), "events_per_s": round(rate),
             "events_per_worker_cpu_s": round((hi[1] - lo[1]) / max(cpu, 1e-9)),
+            # one batch per rank and step, two ranks
+            "steps_per_worker_cpu_s": round((hi[1] - lo[1]) / max(cpu, 1e-9) / (2 * total_events / len(records))),
             "worker_cpu_share": round(cpu_share, 2),
             "steps_checked_at_end": checked, "violations": violations, "events_per_worker": split}
 
