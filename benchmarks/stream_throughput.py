@@ -17,8 +17,8 @@
 
 Usage::
 
-    python benchmarks/stream_throughput.py [--events 600000] [--layers 0 40] [--latency-samples 10]
-                                           [--multi-record-batches] [--json FILE]
+    python benchmarks/stream_throughput.py [--events 600000] [--layers 0 40] [--rounds 3]
+                                           [--latency-samples 10] [--multi-record-batches] [--json FILE]
 """
 
 from __future__ import annotations
@@ -222,6 +222,21 @@ def latency(samples: int, workdir: Path, extra: list[str]) -> dict:
             "max_s": round(max(results), 4), "min_s": round(min(results), 4)}
 
 
+def _medians(rounds: list[dict]) -> dict:
+    """Median and range over rounds of the figures the results table quotes (on a shared
+    VM one round can be off by a third)."""
+    def spread(values: list[float]) -> dict:
+        return {"median": round(statistics.median(values)), "min": round(min(values)), "max": round(max(values))}
+
+    return {
+        "events_per_batch": rounds[0]["one_worker"]["events_per_batch"],
+        "ceiling_events_per_cpu_s": spread([r["cpu_ceiling_one_core"]["events_per_s"] for r in rounds]),
+        **{f"{who}_{figure}": spread([r[who][figure] for r in rounds])
+           for who in ("one_worker", "two_workers")
+           for figure in ("events_per_s", "events_per_worker_cpu_s", "steps_per_worker_cpu_s")},
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=600_000,
@@ -229,6 +244,8 @@ def main() -> int:
     parser.add_argument("--layers", type=int, nargs="+", default=[0, 40],
                         help="extra linear layers of the synthetic model, one round per value")
     parser.add_argument("--latency-samples", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="measurements per step size; the report gives each round and their medians")
     parser.add_argument("--multi-record-batches", action="store_true",
                         help="run the workers with --multi-record-batches (not recovery-safe on tansu)")
     parser.add_argument("--json", type=Path, help="also write the report here")
@@ -237,16 +254,21 @@ def main() -> int:
     report: dict = {"workloads": []}
     with tempfile.TemporaryDirectory(prefix="tw-stream-bench-") as tmp:
         workdir = Path(tmp)
+        sizes = {}
         for layers in args.layers:
             per_step = make_run("probe", 4, layers)[1] / 4  # events per step, both ranks
-            steps = max(200, int(args.events / per_step))
-            report["workloads"].append({
-                "layers": layers,
-                "cpu_ceiling_one_core": cpu_ceiling(min(steps, 400), layers),
-                "one_worker": throughput(1, steps, layers, workdir, extra),
-                "two_workers": throughput(2, steps, layers, workdir, extra),
-            })
-            print(json.dumps(report["workloads"][-1]), flush=True)
+            sizes[layers] = max(200, int(args.events / per_step))
+        rounds: dict[int, list[dict]] = {layers: [] for layers in args.layers}
+        for round_index in range(args.rounds):  # rounds outermost: slow drifts of the machine hit every size
+            for layers, steps in sizes.items():
+                rounds[layers].append({
+                    "cpu_ceiling_one_core": cpu_ceiling(min(steps, 400), layers),
+                    "one_worker": throughput(1, steps, layers, workdir, extra),
+                    "two_workers": throughput(2, steps, layers, workdir, extra),
+                })
+                print(json.dumps({"round": round_index, "layers": layers, **rounds[layers][-1]}), flush=True)
+        for layers, measured in rounds.items():
+            report["workloads"].append({"layers": layers, "median": _medians(measured), "rounds": measured})
         if args.latency_samples:
             report["latency"] = latency(args.latency_samples, workdir, extra)
     print(json.dumps(report, indent=2))
