@@ -37,16 +37,21 @@ from .events import SUPPORTED_VERSIONS, SchemaError
 UNSET: Any = msgspec.UNSET
 
 
-class CallEvent(msgspec.Struct, tag_field="kind", tag="call", gc=False):
+class _Envelope(msgspec.Struct, tag_field="kind", gc=False):
+    """The fields every event carries; ``kind`` is the tag that picks the subclass."""
+
+    t: int
+    pid: int
+    tid: int
+    stage: str
+
+
+class CallEvent(_Envelope, tag="call"):
     """The value summaries (``args``, ``kwargs``, ``ret``, ``ctx``) stay encoded until
     read (`payload`): most calls are of APIs no deployed invariant names, and building
     their nested maps was the largest part of decoding a call."""
 
     KIND: ClassVar[str] = "call"
-    t: int
-    pid: int
-    tid: int
-    stage: str
     name: str
     phase: Literal["pre", "post", "exc"]
     cid: int
@@ -63,14 +68,10 @@ class CallEvent(msgspec.Struct, tag_field="kind", tag="call", gc=False):
     training: Any = None
 
 
-class StateEvent(msgspec.Struct, tag_field="kind", tag="state", gc=False):
+class StateEvent(_Envelope, tag="state"):
     """``attrs`` holds every attribute here; a plan's decoder narrows it (`wire_types`)."""
 
     KIND: ClassVar[str] = "state"
-    t: int
-    pid: int
-    tid: int
-    stage: str
     name: str
     attrs: dict[str, Any]
     at: Any = None
@@ -78,24 +79,16 @@ class StateEvent(msgspec.Struct, tag_field="kind", tag="state", gc=False):
     cid: Any = None
 
 
-class StepEvent(msgspec.Struct, tag_field="kind", tag="step", gc=False):
+class StepEvent(_Envelope, tag="step"):
     KIND: ClassVar[str] = "step"
-    t: int
-    pid: int
-    tid: int
-    stage: str
     phase: Literal["begin", "end"]
     final: Any = None
 
 
-class MetaEvent(msgspec.Struct, tag_field="kind", tag="meta", gc=False):
+class MetaEvent(_Envelope, tag="meta"):
     """Only the meta fields a checker acts on; the rest (versions, argv) is skipped."""
 
     KIND: ClassVar[str] = "meta"
-    t: int
-    pid: int
-    tid: int
-    stage: str
     what: str
     workers: Any = None
     dropped_events: Any = None
