@@ -72,6 +72,18 @@ def wait_for_port(host: str, port: int, timeout_s: float, proc: subprocess.Popen
     raise BrokerUnavailable(f"broker did not accept connections on {host}:{port} within {timeout_s}s")
 
 
+def end_process(proc: subprocess.Popen | None, timeout_s: float) -> None:
+    """Terminate a child we started, and kill it if it does not exit in time."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=timeout_s)
+
+
 @dataclass
 class EmbeddedBroker:
     """A tansu broker child process bound to loopback."""
@@ -126,13 +138,7 @@ class EmbeddedBroker:
 
     def stop(self, timeout_s: float = 10.0) -> None:
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=timeout_s)
+        end_process(proc, timeout_s)
         if self._log not in (None, subprocess.DEVNULL):
             self._log.close()  # type: ignore[union-attr]
         self._log = None

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from .embedded_broker import EmbeddedBroker, free_port
+from .embedded_broker import EmbeddedBroker, end_process, free_port
 
 LOOPBACK = "127.0.0.1"
 
@@ -156,13 +156,7 @@ class TlsTerminator:
 
     def stop(self, timeout_s: float = 10.0) -> None:
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=timeout_s)
+        end_process(proc, timeout_s)
         if self._log is not None:
             self._log.close()
             self._log = None
