@@ -21,6 +21,7 @@ from torch.overrides import TorchFunctionMode, resolve_name
 
 from invariants.events import DATALOADER_WORKERS_META
 
+from .identity_hooks import install_identity_hooks
 from .patching import PatchHandle, patch_attribute
 from .selection import (
     COLLECTIVES,
@@ -32,6 +33,7 @@ from .selection import (
     MODULE_ZERO_GRAD,
     OPTIMIZER_STEP,
     OPTIMIZER_ZERO_GRAD,
+    PARAM_OVERWRITE,
     WORKER_INIT,
     Selection,
 )
@@ -47,11 +49,6 @@ class WrapSpec:
     method: bool = False  # first argument is ``self``: name the call by its runtime class
     group: str | None = None  # nested calls of the same group are not recorded again
     stage: str | None = None  # stage while the call runs
-
-
-def _function_spec(api: str, *extra_owners: str) -> WrapSpec:
-    owner, attr = api.rsplit(".", 1)
-    return WrapSpec(api, tuple((o, attr) for o in (owner, *extra_owners)))
 
 
 WRAP_SPECS: tuple[WrapSpec, ...] = (
@@ -88,7 +85,7 @@ WRAP_SPECS: tuple[WrapSpec, ...] = (
     ),
 )
 WRAPPED_APIS = frozenset(spec.api for spec in WRAP_SPECS)
-HOOKED_APIS = frozenset({OPTIMIZER_STEP, MODULE_FORWARD, WORKER_INIT})
+HOOKED_APIS = frozenset({OPTIMIZER_STEP, MODULE_FORWARD, WORKER_INIT, PARAM_OVERWRITE})
 INIT_PROCESS_GROUP = "torch.distributed.init_process_group"
 
 
@@ -118,12 +115,22 @@ def _positional_names(function: Callable[..., Any]) -> list[str]:
     ]
 
 
-def _make_call_wrapper(tracer: Tracer, spec: WrapSpec, on_post: Callable[[], None] | None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+#: APIs whose calls shape windows and stages: wrapped even when not recorded
+BOUNDARY_APIS = frozenset(
+    {OPTIMIZER_ZERO_GRAD, MODULE_ZERO_GRAD, MODULE_TRAIN, MODULE_EVAL, "torch.Tensor.backward", "torch.autograd.backward"}
+)
+MODE_APIS = frozenset({MODULE_TRAIN, MODULE_EVAL})
+
+
+def _make_call_wrapper(
+    tracer: Tracer, spec: WrapSpec, on_post: Callable[[], None] | None, record: bool = True
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         names = _positional_names(original)
         function_name = f"{getattr(original, '__module__', None) or spec.api.rsplit('.', 1)[0]}.{getattr(original, '__qualname__', spec.api)}"
         method_suffix = spec.api.rsplit(".", 1)[1]
         group = spec.group
+        switches_mode = spec.api in MODE_APIS
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if not tracer.enabled or tracer.busy or (group is not None and not tracer.enter_group(group)):
@@ -133,25 +140,10 @@ def _make_call_wrapper(tracer: Tracer, spec: WrapSpec, on_post: Callable[[], Non
                     return original(*args, **kwargs)
                 token = None
                 try:
-                    call_args = {names[i] if i < len(names) else str(i): value for i, value in enumerate(args)}
-                    call_args.update(kwargs)
-                    extra = None
-                    optimizer = None
-                    if spec.method and args:
-                        cls = type(args[0])
-                        name = f"{cls.__module__}.{cls.__qualname__}.{method_suffix}"
-                        if isinstance(args[0], torch.nn.Module):
-                            extra = {"mtype": cls.__name__, "training": bool(args[0].training)}
-                        elif isinstance(args[0], torch.optim.Optimizer):
-                            optimizer = args[0]
-                            tracer.registry.add_optimizer(optimizer)
-                        elif isinstance(args[0], torch.autocast):
-                            call_args.update(_autocast_args(args[0]))
+                    if record:
+                        token = _begin(tracer, spec, args, kwargs, names, function_name, method_suffix)
                     else:
-                        name = function_name
-                    token = tracer.begin_call(
-                        spec.api, name, call_args, extra=extra, stage=spec.stage, optimizer=optimizer
-                    )
+                        tracer.loop_signal(spec.api)
                 except Exception as exc:
                     tracer.internal_error(f"wrapper of {spec.api}", exc)
                 try:
@@ -160,11 +152,13 @@ def _make_call_wrapper(tracer: Tracer, spec: WrapSpec, on_post: Callable[[], Non
                     tracer.end_call(token, exc=exc)
                     raise
                 tracer.end_call(token, result)
-                if on_post is not None:
-                    try:
+                try:
+                    if switches_mode and args:
+                        tracer.mode_switched(args[0])
+                    if on_post is not None:
                         on_post()
-                    except Exception as exc:
-                        tracer.internal_error(f"after {spec.api}", exc)
+                except Exception as exc:
+                    tracer.internal_error(f"after {spec.api}", exc)
                 return result
             finally:
                 if group is not None:
@@ -173,6 +167,34 @@ def _make_call_wrapper(tracer: Tracer, spec: WrapSpec, on_post: Callable[[], Non
         return wrapper
 
     return make
+
+
+def _begin(
+    tracer: Tracer, spec: WrapSpec, args: tuple[Any, ...], kwargs: dict[str, Any],
+    names: list[str], function_name: str, method_suffix: str,
+) -> Any:
+    """The ``pre`` event of a wrapped call, with what identifies its receiver."""
+    call_args = {names[i] if i < len(names) else str(i): value for i, value in enumerate(args)}
+    call_args.update(kwargs)
+    extra = None
+    optimizer = None
+    if spec.method and args:
+        cls = type(args[0])
+        name = f"{cls.__module__}.{cls.__qualname__}.{method_suffix}"
+        if isinstance(args[0], torch.nn.Module):
+            extra = tracer.module_call_extra(args[0], spec.api)
+        elif isinstance(args[0], torch.optim.Optimizer):
+            optimizer = args[0]
+            index = tracer.registry.add_optimizer(optimizer)
+            tracer.ownership.optimizer_seen(optimizer, index)
+            extra = {"obj": f"opt{index}"}
+        elif isinstance(args[0], torch.autocast):
+            call_args.update(_autocast_args(args[0]))
+    else:
+        name = function_name
+        if spec.api in INIT_FUNCTIONS and args:
+            extra = {"trained": tracer.trained_target(args[0])}
+    return tracer.begin_call(spec.api, name, call_args, extra=extra, stage=spec.stage, optimizer=optimizer)
 
 
 def _autocast_args(context: Any) -> dict[str, Any]:
@@ -255,7 +277,7 @@ def install(tracer: Tracer, selection: Selection, on_rank_change: Callable[[], N
     for spec in WRAP_SPECS:
         wanted = selection.wants(spec.api)
         on_post = on_rank_change if spec.api == INIT_PROCESS_GROUP else None
-        if not wanted and on_post is None:
+        if not wanted and on_post is None and spec.api not in BOUNDARY_APIS:
             continue
         if spec.api.startswith("torch.distributed.") and not torch.distributed.is_available():
             continue
@@ -263,7 +285,8 @@ def install(tracer: Tracer, selection: Selection, on_rank_change: Callable[[], N
             owner = _safe_resolve(owner_path)
             if owner is None or not hasattr(owner, attr):
                 continue
-            handles.append(patch_attribute(owner, attr, _make_call_wrapper(tracer, spec, on_post)))
+            handles.append(patch_attribute(owner, attr, _make_call_wrapper(tracer, spec, on_post, record=wanted)))
+    handles.extend(install_identity_hooks(tracer, record_writes=selection.wants(PARAM_OVERWRITE)))
     handles.append(_patch_worker_loop(tracer))
     handles.append(_patch_worker_start(tracer))
     mode_targets = _mode_targets(selection)

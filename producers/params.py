@@ -72,6 +72,18 @@ class ParameterRegistry:
             self._index_root(root, len(self._roots) - 1)
         return paths
 
+    def roots(self) -> list[torch.nn.Module]:
+        return [root for root in (ref() for ref in self._roots) if root is not None]
+
+    def root_index(self, module: torch.nn.Module) -> int | None:
+        """``m<i>``: the model's index among roots, in order of first forward."""
+        if id(module) not in self._root_ids:
+            return None
+        for index, ref in enumerate(self._roots):
+            if ref() is module:
+                return index
+        return None
+
     def is_model_root(self, module: torch.nn.Module) -> bool:
         """A root that owns parameters (a model, not a loss or activation module)."""
         return id(module) in self._root_ids

@@ -75,6 +75,14 @@ class StepRecorder:
         """Index of the next event within the open step (counting early-flushed ones)."""
         return self._flushed_in_step + len(self._buffer)
 
+    def relabel_stage(self, from_position: int, old: str, new: str) -> None:
+        """Re-tag the open step's buffered events from ``from_position`` on (a stage that
+        is only known once it has begun); events already shipped keep theirs."""
+        with self._lock:
+            for event in self._buffer[max(from_position - self._flushed_in_step, 0):]:
+                if event.get("stage") == old:
+                    event["stage"] = new
+
     @property
     def pending(self) -> int:
         return len(self._buffer)

@@ -29,6 +29,8 @@ MODULE_TRAIN = "torch.nn.Module.train"
 MODULE_EVAL = "torch.nn.Module.eval"
 MODULE_ZERO_GRAD = "torch.nn.Module.zero_grad"
 WORKER_INIT = "torch.utils.data.worker_init"
+#: in-place writes on a parameter outside an optimizer step (see `producers.identity_hooks`)
+PARAM_OVERWRITE = "torch.Tensor.param_overwrite"
 
 DROPOUT_FUNCTIONS = (
     "torch.nn.functional.dropout",
@@ -70,6 +72,7 @@ DEFAULT_APIS: frozenset[str] = frozenset(
         "torch.optim.lr_scheduler.LRScheduler.step",
         "torch.manual_seed",
         WORKER_INIT,
+        PARAM_OVERWRITE,
         *DROPOUT_FUNCTIONS,
         *INIT_FUNCTIONS,
         *COLLECTIVES,

@@ -31,13 +31,14 @@ import torch
 from .module_facts import FirstForwards, first_forward_context
 from .params import PARAMETER_VTYPE, SnapshotMemo, ParameterRegistry, snapshot_attrs
 from .recorder import StepRecorder
-from .selection import MODULE_FORWARD, OPTIMIZER_STEP, OPTIMIZER_ZERO_GRAD, WORKER_INIT, Selection
-from .steps import OptimizerCycle
+from .ownership import ParameterOwnership
+from .selection import MODULE_FORWARD, MODULE_ZERO_GRAD, OPTIMIZER_STEP, OPTIMIZER_ZERO_GRAD, WORKER_INIT, Selection
+from .stages import holds_model, real_model
+from .stepping import StepBoundaries
 from .summaries import summarize
 from .workers import worker_seed_report
 
 SNAPSHOT_APIS = frozenset({OPTIMIZER_STEP, OPTIMIZER_ZERO_GRAD})
-REFRESH_EVERY_STEPS = 16
 #: How long a DataLoader worker waits, once at its start, for its seed report to be delivered.
 WORKER_REPORT_DELIVERY_S = 2.0
 
@@ -74,7 +75,7 @@ class CallToken:
         self.post_attrs: list[tuple[Any, dict[str, Any]]] | None = None
 
 
-class Tracer:
+class Tracer(StepBoundaries):
     """Event production for one process (one rank, or one DataLoader worker)."""
 
     def __init__(
@@ -92,8 +93,8 @@ class Tracer:
         self.stats_every_steps = max(int(stats_every_steps), 1)
         self._stats_source = stats_source
         self.registry = ParameterRegistry()
+        self.ownership = ParameterOwnership()
         self._memo = SnapshotMemo()
-        self.cycle = OptimizerCycle()
         self.stage = "init"
         self._explicit_stages: list[str] = []
         self._tls = _ThreadState()
@@ -101,12 +102,11 @@ class Tracer:
         self.pid = os.getpid()
         self.enabled = True
         self.active = False  # anything beyond bookkeeping was recorded
-        self.training_steps = 0  # steps ended by an optimizer (the final partial one excluded)
+        self.training_steps = 0  # windows ended before the final one, setup excluded
         self.internal_errors = 0
         self._reported: set[str] = set()
         self._root_ref: weakref.ref[torch.nn.Module] | None = None
-        self._open_steps: dict[int, CallToken] = {}
-        self._pending_end_states: list[dict[str, Any]] = []
+        self._init_boundaries()
         self._record_forward = selection.wants(MODULE_FORWARD)
         self._snapshots = selection.snapshots
         self._autocast_devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -190,8 +190,37 @@ class Tracer:
             self.stage = self._explicit_stages[-1] if self._explicit_stages else previous
 
     def _set_auto_stage(self, stage: str) -> None:
-        if not self._explicit_stages:
-            self.stage = stage
+        if self._explicit_stages:
+            return
+        if stage == "eval" and self.stage == "train" and self._tail_start is not None:
+            # What ran since the last iteration ended (a test function re-seeding before
+            # it calls ``model.eval()``) belongs to the evaluation, not to training.
+            self.recorder.relabel_stage(self._tail_start, "train", "eval")
+        self.stage = stage
+
+    def mode_switched(self, module: torch.nn.Module) -> None:
+        """After ``train()``/``eval()``: a model switched changes the stage at once."""
+        if self.stage == "init" or not isinstance(module, torch.nn.Module):
+            return  # setup keeps its stage until the first forward
+        if holds_model(module, self.registry.roots()):
+            self._set_auto_stage("train" if real_model(module).training else "eval")
+
+    def trained_target(self, tensor: Any) -> bool:
+        """An initialiser's target is a parameter that training already updated."""
+        if not isinstance(tensor, torch.Tensor):
+            return False
+        param = self.ownership.parameter_of(tensor)
+        return param is not None and self.ownership.is_trained(param)
+
+    def module_call_extra(self, module: torch.nn.Module, api: str) -> dict[str, Any]:
+        """Fields of a call on a module: its type, flag and, for a model, which one."""
+        extra: dict[str, Any] = {"mtype": type(module).__name__, "training": bool(module.training)}
+        index = self.registry.root_index(module)
+        if index is not None:
+            extra["obj"] = f"m{index}"
+        if api == MODULE_ZERO_GRAD:
+            extra["clears"] = self.ownership.cleared_by(module)
+        return extra
 
     # -- wrapped API calls ----------------------------------------------------------
     def enter_group(self, group: str) -> bool:
@@ -217,6 +246,7 @@ class Tracer:
     ) -> CallToken | None:
         """Record a ``pre`` event (and a parameter snapshot for optimizer calls)."""
         try:
+            self.loop_signal(api)
             token = CallToken(next(self._cids), api, name)
             if stage is not None and not self._explicit_stages:
                 token.restore_stage = self.stage
@@ -329,8 +359,11 @@ class Tracer:
                 # Only roots with parameters (models) decide the stage: a loss module
                 # called at top level in a validation loop is always in training mode.
                 if self.registry.is_model_root(module):
-                    self._root_ref = weakref.ref(module)
-                    self._set_auto_stage("train" if module.training else "eval")
+                    model = real_model(module)
+                    self._root_ref = weakref.ref(model)
+                    self._set_auto_stage("train" if model.training else "eval")
+                    if model.training and torch.is_grad_enabled():
+                        self.root_forward_signal()
             if not self._record_forward:
                 tls.forward_cids.append(None)
                 return
@@ -408,91 +441,6 @@ class Tracer:
         except Exception as exc:
             self.internal_error("module forward hook", exc)
 
-    # -- optimizer steps (global hooks) and step boundaries -------------------------
-    def optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if not self.enabled or self._tls.busy or self.skip_compiled():
-            return
-        try:
-            self.registry.add_optimizer(optimizer)
-            decision = self.cycle.before_step(id(optimizer))
-            if decision.end_step:
-                self._end_step(cut_at=decision.cut_at, states=self._pending_end_states)
-            cls = type(optimizer)
-            name = f"{cls.__module__}.{cls.__qualname__}.step"
-            if self.selection.wants(OPTIMIZER_STEP):
-                token = self.begin_call(
-                    OPTIMIZER_STEP, name, {"self": optimizer}, optimizer=optimizer
-                )
-                if token is not None:
-                    self._open_steps[id(optimizer)] = token
-        except Exception as exc:
-            self.internal_error("optimizer step pre-hook", exc)
-
-    def optimizer_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if not self.enabled or self._tls.busy or _is_compiling():
-            return
-        try:
-            token = self._open_steps.pop(id(optimizer), None)
-            self.end_call(token)
-            just_taken = token.post_attrs if token is not None else None
-            decision = self.cycle.after_step(id(optimizer), self.recorder.position)
-            if not self.cycle.learnt:
-                # The step may have ended here; keep what its end snapshot would be.
-                self._pending_end_states = self._end_states(just_taken)
-            if decision.end_step:
-                self._end_step(states=self._end_states(just_taken))
-        except Exception as exc:
-            self.internal_error("optimizer step hook", exc)
-
-    def _end_states(self, just_taken: list[tuple[Any, dict[str, Any]]] | None = None) -> list[dict[str, Any]]:
-        """Step-end snapshot of every parameter; reuses the post-step one taken this instant."""
-        if not (self._snapshots and self.sampled and self.selection.wants_point("step_end")):
-            return []
-        entries = self.registry.all_entries()
-        if just_taken is not None and len(just_taken) == len(entries):
-            if {id(e.param) for e, _ in just_taken} == {id(e.param) for e in entries}:
-                return self._state_events(just_taken, "step_end", None)
-        return self._state_events(self._take(entries), "step_end", None)
-
-    def _end_step(
-        self, *, cut_at: int | None = None, states: list[dict[str, Any]] | None = None, final: bool = False
-    ) -> None:
-        self.active = True  # an optimizer stepped: this process trains
-        if states is None:
-            states = self._end_states()
-        before_end = list(states)
-        if self._stats_source is not None and (
-            final or (self.recorder.step + 1) % self.stats_every_steps == 0
-        ):
-            before_end.append(self._event("meta", what="producer_stats", **self._stats_source()))
-        fields: dict[str, Any] = {"phase": "end"}
-        if final:
-            fields["final"] = True
-        end = self._event("step", **fields)
-        begin = None if final else self._event("step", phase="begin")
-        self.recorder.end_step(end, at=cut_at, before_end=before_end, next_begin=begin)
-        self.cycle.step_ended()
-        self._pending_end_states = []
-        if not final:
-            self.training_steps += 1
-        # Names are re-read now and then, not every step (module swaps are rare and a
-        # full walk of a large model is not free), and at once when they look stale.
-        if self._snapshots and (self.registry.stale or self.training_steps % REFRESH_EVERY_STEPS == 1):
-            self._tls.busy = True
-            try:
-                self.registry.refresh()
-            finally:
-                self._tls.busy = False
-
-    def finish(self, meta: dict[str, Any]) -> None:
-        """Close the open step at session end: a pending first-iteration cut, then the tail."""
-        if not self.active:
-            return
-        if not self.cycle.learnt and self.cycle.pending_cut is not None:
-            self._end_step(cut_at=self.cycle.pending_cut, states=self._pending_end_states)
-        self.recorder.append(self._event("meta", what="run_end", **meta))
-        self._end_step(states=[], final=True)
-
     def record_meta(self, what: str, **fields: Any) -> None:
         self.recorder.append(self._event("meta", what=what, **fields))
 
@@ -528,8 +476,7 @@ class Tracer:
         self.enabled = False
         self.pid = os.getpid()
         self._tls = _ThreadState()
-        self._open_steps = {}
-        self._pending_end_states = []
+        self._init_boundaries()
         self._memo = SnapshotMemo()
         self.active = False
         self.recorder.reset_after_fork()

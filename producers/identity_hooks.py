@@ -1,0 +1,109 @@
+"""Interception points that tell the tracer which objects exist and what touches them.
+
+* Every parameter any module registers (the official global registration hook), so
+  that a write through ``module.weight.data`` is known to be a write to a parameter
+  even before the model has run forward.
+* Every optimizer at construction, so that the first iteration of a program that
+  clears gradients through ``Module.zero_grad`` already knows an optimizer step is
+  coming (gradient accumulation is then not mistaken for iterations).
+* In-place writes on a parameter outside an optimizer step (``normal_``, ``zero_``,
+  ``copy_``...; how many model libraries initialise and load weights): recorded as
+  ``torch.Tensor.param_overwrite`` calls, which mean "this parameter was
+  (re)initialised or overwritten", like ``torch.nn.init.*``.  Optimizers write their
+  parameters in place too; inside their step nothing is recorded.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from .patching import patch_attribute
+from .selection import PARAM_OVERWRITE
+
+if TYPE_CHECKING:
+    from .tracer import Tracer
+
+#: in-place methods that replace a tensor's values wholesale
+OVERWRITING_METHODS = (
+    "normal_", "uniform_", "zero_", "fill_", "copy_", "random_", "bernoulli_",
+    "exponential_", "log_normal_", "cauchy_", "geometric_",
+)
+
+
+class _RegistrationHandle:
+    def __init__(self, handle: Any) -> None:
+        self._handle = handle
+
+    def remove(self) -> None:
+        self._handle.remove()
+
+
+def install_identity_hooks(tracer: "Tracer", record_writes: bool) -> list[Any]:
+    from torch.nn.modules.module import register_module_parameter_registration_hook
+
+    handles: list[Any] = [
+        _RegistrationHandle(register_module_parameter_registration_hook(_registration_hook(tracer))),
+        patch_attribute(torch.optim.Optimizer, "__init__", _optimizer_init(tracer)),
+    ]
+    if record_writes:
+        handles.extend(
+            patch_attribute(torch.Tensor, method, _overwrite(tracer, method)) for method in OVERWRITING_METHODS
+        )
+    return handles
+
+
+def _registration_hook(tracer: "Tracer") -> Callable[[torch.nn.Module, str, Any], None]:
+    def parameter_registered(module: torch.nn.Module, name: str, param: Any) -> None:
+        if tracer.enabled and isinstance(param, torch.Tensor):
+            try:
+                tracer.ownership.remember(param)
+            except Exception as exc:
+                tracer.internal_error("parameter registration hook", exc)
+
+    return parameter_registered
+
+
+def _optimizer_init(tracer: "Tracer") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        def init(self: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> None:
+            original(self, *args, **kwargs)
+            if tracer.enabled:
+                try:
+                    tracer.ownership.optimizer_seen(self, tracer.registry.add_optimizer(self))
+                except Exception as exc:
+                    tracer.internal_error("optimizer construction", exc)
+
+        return init
+
+    return make
+
+
+def _overwrite(tracer: "Tracer", method: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    name = f"torch.Tensor.{method}"
+
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        def overwrite(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            if torch.compiler.is_compiling() or not tracer.enabled or tracer.busy or tracer.in_optimizer_step:
+                return original(self, *args, **kwargs)
+            param = tracer.ownership.parameter_of(self)
+            if param is None or not tracer.enter_group("init"):  # nn.init.* records itself
+                return original(self, *args, **kwargs)
+            try:
+                token = tracer.begin_call(
+                    PARAM_OVERWRITE, name, {"tensor": param}, extra={"trained": tracer.ownership.is_trained(param)}
+                )
+                try:
+                    result = original(self, *args, **kwargs)
+                except BaseException as exc:
+                    tracer.end_call(token, exc=exc)
+                    raise
+                tracer.end_call(token, None)
+                return result
+            finally:
+                tracer.leave_group("init")
+
+        return overwrite
+
+    return make

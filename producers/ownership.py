@@ -1,0 +1,99 @@
+"""Who holds a parameter, and whether it has been trained: the identity behind rules.
+
+Rules about optimizers must speak of *which* optimizer: a ``zero_grad`` on one does not
+clear another's gradients, and ``netD.zero_grad()`` (a ``Module.zero_grad`` over exactly
+the parameters an optimizer holds) clears that optimizer's gradients as surely as
+``optimizerD.zero_grad()`` does.  Rules about initialisation must speak of parameters
+already trained: re-initialising those is the bug, building a new model mid-run is not.
+
+Optimizers are known by the index the `ParameterRegistry` gave them (``opt<i>``, in
+order of first sight, so equal across ranks of one program).  Writes through
+``param.data`` reach a tensor that is not the parameter object, so parameters are also
+found by the address of their first element.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Iterable
+
+import torch
+
+
+def optimizer_param_ids(optimizer: torch.optim.Optimizer) -> frozenset[int]:
+    return frozenset(id(p) for group in optimizer.param_groups for p in group.get("params", ()))
+
+
+class ParameterOwnership:
+    """Optimizer membership, trained parameters and ``.data`` aliases of one process."""
+
+    def __init__(self) -> None:
+        self._optimizers: dict[int, tuple[weakref.ref[torch.optim.Optimizer], frozenset[int]]] = {}
+        self._trained: dict[int, weakref.ref[torch.Tensor]] = {}
+        self._by_address: dict[int, weakref.ref[torch.Tensor]] = {}
+        self.stepped: set[int] = set()
+
+    # -- parameters ------------------------------------------------------------------------
+    def parameter_registered(self, module: torch.nn.Module, name: str, param: torch.Tensor | None) -> None:
+        """Global registration hook: every parameter any module gets, at model build."""
+        if param is not None:
+            self.remember(param)
+
+    def remember(self, param: torch.Tensor) -> None:
+        if param.numel() and param.device.type != "meta":
+            self._by_address[param.data_ptr()] = weakref.ref(param)
+
+    def parameter_of(self, tensor: torch.Tensor) -> torch.Tensor | None:
+        """The parameter ``tensor`` is, or aliases through ``.data`` (same storage and shape)."""
+        if isinstance(tensor, torch.nn.Parameter):
+            return tensor
+        if not tensor.numel() or tensor.device.type == "meta":
+            return None
+        ref = self._by_address.get(tensor.data_ptr())
+        param = ref() if ref is not None else None
+        if param is not None and param.shape == tensor.shape and param.data_ptr() == tensor.data_ptr():
+            return param
+        return None
+
+    # -- optimizers ----------------------------------------------------------------------
+    def optimizer_seen(self, optimizer: torch.optim.Optimizer, index: int) -> None:
+        """(Re)read an optimizer's parameters; param groups may be added after construction."""
+        self._optimizers[index] = (weakref.ref(optimizer), optimizer_param_ids(optimizer))
+
+    def optimizer_stepped(self, optimizer: torch.optim.Optimizer, index: int) -> None:
+        """Its parameters count as trained from its first step on."""
+        if index in self.stepped:
+            return
+        self.stepped.add(index)
+        self.optimizer_seen(optimizer, index)
+        self._mark_trained(p for group in optimizer.param_groups for p in group.get("params", ()))
+
+    def cleared_by(self, module: torch.nn.Module) -> list[str]:
+        """The optimizers all of whose parameters ``module`` holds (what its zero_grad clears)."""
+        if not self._optimizers:
+            return []
+        held = {id(p) for p in module.parameters()}
+        return [
+            f"opt{index}"
+            for index, (ref, params) in sorted(self._optimizers.items())
+            if params and ref() is not None and params <= held
+        ]
+
+    @property
+    def optimizer_known(self) -> bool:
+        return bool(self._optimizers)
+
+    # -- trained parameters ----------------------------------------------------------------
+    def loop_trained(self, params: Iterable[torch.Tensor]) -> None:
+        """A loop without an optimizer trained these (its parameters that take gradients)."""
+        self._mark_trained(p for p in params if p.requires_grad)
+
+    def _mark_trained(self, params: Iterable[torch.Tensor]) -> None:
+        for param in params:
+            if id(param) not in self._trained:
+                self._trained[id(param)] = weakref.ref(param)
+                self.remember(param)
+
+    def is_trained(self, param: torch.Tensor) -> bool:
+        ref = self._trained.get(id(param))
+        return ref is not None and ref() is param

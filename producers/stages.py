@@ -1,0 +1,54 @@
+"""Which module's training flag says what the program is doing.
+
+A wrapper's own ``training`` flag can be stale: a DDP wrapper put in ``eval()`` by a
+validation loop that switched only the module inside back to ``train()`` keeps
+``training=False`` while the model it wraps trains.  The stage follows the model that
+actually runs, found by unwrapping the usual wrappers: data-parallel (``.module``),
+compiled (``._orig_mod``) and trainer-framework wrappers (``._forward_module``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+_WRAPPED_ATTRIBUTES = ("_orig_mod", "_forward_module")
+_MAX_WRAPPERS = 4
+
+
+def _data_parallel_types() -> tuple[type, ...]:
+    from torch.nn.parallel import DataParallel, DistributedDataParallel
+
+    return (DistributedDataParallel, DataParallel)
+
+
+def real_model(module: torch.nn.Module) -> torch.nn.Module:
+    """The model inside ``module``'s wrappers (``module`` itself when it wraps nothing)."""
+    for _ in range(_MAX_WRAPPERS):
+        inner = None
+        if isinstance(module, _data_parallel_types()):
+            inner = module.module
+        else:
+            for attribute in _WRAPPED_ATTRIBUTES:
+                candidate = module.__dict__.get("_modules", {}).get(attribute)
+                if isinstance(candidate, torch.nn.Module):
+                    inner = candidate
+                    break
+        if inner is None:
+            return module
+        module = inner
+    return module
+
+
+def holds_model(module: torch.nn.Module, roots: list[torch.nn.Module]) -> bool:
+    """``module`` is a model root, contains one, or is the model inside one's wrappers.
+
+    Switching such a module to ``train()``/``eval()`` changes what the program does;
+    switching a submodule (a frozen BatchNorm in a fine-tuned backbone) does not.
+    """
+    for root in roots:
+        if module is root or module is real_model(root):
+            return True
+    for child in module.modules():
+        if any(child is root for root in roots):
+            return True
+    return False

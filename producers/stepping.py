@@ -1,0 +1,252 @@
+"""The windows of one process: its setup, its training iterations, its tail.
+
+A window is what a checker judges at once.  Step 0 is the setup window (everything
+before the first training iteration; a process that never trains is all setup), steps
+1..N are training iterations, and the last window (``final``) holds what follows the
+last iteration.  Two state machines decide the boundaries: `OptimizerCycle` (the
+optimizer step, the strongest boundary, with several optimizers per iteration) and
+`IterationTracker` (setup, and iterations of loops whose optimizer step is missing,
+skipped or not a ``torch.optim`` one).  This mixin of `Tracer` feeds them and applies
+what they decide: cuts, snapshots at boundaries, the ``step``/``end`` flags.
+
+Closures passed to ``Optimizer.step(closure)`` (LBFGS, Lightning) run the iteration's
+``zero_grad``/forward/backward inside the step.  The step's ``pre`` event and its
+pre-step snapshot wait until the closure first returns, so a window reads in the order
+the work had effect: gradients produced, then the update.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from .iterations import Boundary, IterationTracker
+from .selection import INIT_FUNCTIONS, MODULE_ZERO_GRAD, OPTIMIZER_STEP, OPTIMIZER_ZERO_GRAD, PARAM_OVERWRITE
+from .steps import OptimizerCycle
+
+if TYPE_CHECKING:
+    from .tracer import CallToken
+
+ZERO_GRAD_APIS = frozenset({OPTIMIZER_ZERO_GRAD, MODULE_ZERO_GRAD})
+BACKWARD_APIS = frozenset({"torch.Tensor.backward", "torch.autograd.backward"})
+SETUP_APIS = frozenset({*INIT_FUNCTIONS, PARAM_OVERWRITE})
+REFRESH_EVERY_STEPS = 16
+
+
+def _closure_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Callable[..., Any] | None, bool]:
+    """The closure passed to ``step`` and whether it came by keyword (``args[0]`` is the optimizer)."""
+    closure = kwargs.get("closure")
+    if callable(closure):
+        return closure, True
+    if len(args) > 1 and callable(args[1]):
+        return args[1], False
+    return None, False
+
+
+class StepBoundaries:
+    """Window boundaries of a `Tracer` (a mixin: it uses the tracer's recorder and snapshots)."""
+
+    def _init_boundaries(self) -> None:
+        self.cycle = OptimizerCycle()
+        self.loop = IterationTracker()
+        self._stepping: set[int] = set()  # optimizers inside their step (a closure may run there)
+        self._deferred_steps: set[int] = set()  # steps whose pre event waits for their closure
+        self._open_steps: dict[int, CallToken] = {}
+        self._pending_end_states: list[dict[str, Any]] = []
+        #: buffer position where the open window's non-training tail began (None once the
+        #: window trains): what a later switch to ``eval`` relabels
+        self._tail_start: int | None = None
+
+    @property
+    def in_optimizer_step(self) -> bool:
+        return bool(self._stepping)
+
+    # -- loop signals -------------------------------------------------------------------
+    def loop_signal(self, api: str) -> None:
+        """Before a wrapped call's ``pre`` event: it may end setup or an iteration."""
+        if self._stepping:
+            return
+        position = self.recorder.position
+        if api in ZERO_GRAD_APIS:
+            decision = self.loop.loop_start(position, zero_grad=True, optimizer_known=self.ownership.optimizer_known)
+        elif api in BACKWARD_APIS:
+            decision = self.loop.backward(position)
+        elif api in SETUP_APIS:
+            self.loop.setup_activity()
+            return
+        else:
+            return
+        self._tail_start = None
+        self._apply(decision)
+
+    def root_forward_signal(self) -> None:
+        """A model root runs forward in training mode with gradients on."""
+        if self._stepping:
+            return
+        self._tail_start = None
+        decision = self.loop.loop_start(
+            self.recorder.position, zero_grad=False, optimizer_known=self.ownership.optimizer_known
+        )
+        self._apply(decision)
+
+    def _apply(self, decision: Boundary) -> None:
+        if decision.end_setup_at is not None:
+            self._end_step(cut_at=decision.end_setup_at, states=self._end_states(), setup=True)
+        elif decision.end_iteration:
+            if not self.ownership.stepped:
+                self.ownership.loop_trained(entry.param for entry in self.registry.all_entries())
+            self._end_step(states=self._end_states(), trained=True, boundary="loop")
+
+    # -- optimizer steps (global hooks) -------------------------------------------------
+    def optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> Any:
+        if not self.enabled or self._tls.busy or self.skip_compiled():
+            return None
+        try:
+            index = self.registry.add_optimizer(optimizer)
+            self.ownership.optimizer_seen(optimizer, index)
+            self._tail_start = None
+            self._apply(self.loop.optimizer_step_begins(self.recorder.position))
+            self._stepping.add(id(optimizer))
+            decision = self.cycle.before_step(id(optimizer))
+            if decision.end_step:
+                self._end_step(
+                    cut_at=decision.cut_at, states=self._pending_end_states,
+                    trained=self.loop.window_ended(), boundary="optimizer",
+                )
+            closure, by_keyword = _closure_of(args, kwargs)
+            if closure is None:
+                self._begin_step_call(optimizer)
+                return None
+            self._deferred_steps.add(id(optimizer))
+            wrapped = self._closure_then_step(closure, optimizer)
+            if by_keyword:
+                return args, {**kwargs, "closure": wrapped}
+            return (args[0], wrapped, *args[2:]), kwargs
+        except Exception as exc:
+            self.internal_error("optimizer step pre-hook", exc)
+            return None
+
+    def _closure_then_step(self, closure: Callable[..., Any], optimizer: torch.optim.Optimizer) -> Callable[..., Any]:
+        def closure_then_step(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return closure(*args, **kwargs)
+            finally:
+                if id(optimizer) in self._deferred_steps:
+                    self._deferred_steps.discard(id(optimizer))
+                    self._begin_step_call(optimizer)
+
+        return closure_then_step
+
+    def _begin_step_call(self, optimizer: torch.optim.Optimizer) -> None:
+        if not self.selection.wants(OPTIMIZER_STEP):
+            return
+        cls = type(optimizer)
+        token = self.begin_call(
+            OPTIMIZER_STEP, f"{cls.__module__}.{cls.__qualname__}.step", {"self": optimizer},
+            extra={"obj": f"opt{self.registry.add_optimizer(optimizer)}"}, optimizer=optimizer,
+        )
+        if token is not None:
+            self._open_steps[id(optimizer)] = token
+
+    def optimizer_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if not self.enabled or self._tls.busy or torch.compiler.is_compiling():
+            return
+        try:
+            self._stepping.discard(id(optimizer))
+            if id(optimizer) in self._deferred_steps:  # the step never called its closure
+                self._deferred_steps.discard(id(optimizer))
+                self._begin_step_call(optimizer)
+            token = self._open_steps.pop(id(optimizer), None)
+            self.end_call(token)
+            just_taken = token.post_attrs if token is not None else None
+            self.loop.optimizer_step_ended()
+            self.ownership.optimizer_stepped(optimizer, self.registry.add_optimizer(optimizer))
+            decision = self.cycle.after_step(id(optimizer), self.recorder.position)
+            if not self.cycle.learnt:
+                # The step may have ended here; keep what its end snapshot would be.
+                self._pending_end_states = self._end_states(just_taken)
+            if decision.end_step:
+                self._end_step(
+                    states=self._end_states(just_taken), trained=self.loop.window_ended(), boundary="optimizer"
+                )
+        except Exception as exc:
+            self.internal_error("optimizer step hook", exc)
+
+    # -- ending windows -----------------------------------------------------------------
+    def _end_states(self, just_taken: list[tuple[Any, dict[str, Any]]] | None = None) -> list[dict[str, Any]]:
+        """Step-end snapshot of every parameter; reuses the post-step one taken this instant."""
+        if not (self._snapshots and self.sampled and self.selection.wants_point("step_end")):
+            return []
+        entries = self.registry.all_entries()
+        if just_taken is not None and len(just_taken) == len(entries):
+            if {id(e.param) for e, _ in just_taken} == {id(e.param) for e in entries}:
+                return self._state_events(just_taken, "step_end", None)
+        return self._state_events(self._take(entries), "step_end", None)
+
+    def _end_step(
+        self,
+        *,
+        cut_at: int | None = None,
+        states: list[dict[str, Any]] | None = None,
+        final: bool = False,
+        setup: bool = False,
+        trained: bool = False,
+        boundary: str = "optimizer",
+    ) -> None:
+        self.active = True
+        if states is None:
+            states = self._end_states()
+        before_end = list(states)
+        if self._stats_source is not None and (
+            final or (self.recorder.step + 1) % self.stats_every_steps == 0
+        ):
+            before_end.append(self._event("meta", what="producer_stats", **self._stats_source()))
+        fields: dict[str, Any] = {"phase": "end"}
+        if setup:
+            fields["setup"] = True
+        if trained:
+            fields["trained"] = True
+            fields["boundary"] = boundary
+        if final:
+            fields["final"] = True
+        end = self._event("step", **fields)
+        begin = None if final else self._event("step", phase="begin")
+        self.recorder.end_step(end, at=cut_at, before_end=before_end, next_begin=begin)
+        self.cycle.step_ended()
+        self._pending_end_states = []
+        self._tail_start = self.recorder.position if trained else None
+        if not final and not setup:
+            self.training_steps += 1
+        # Names are re-read now and then, not every step (module swaps are rare and a
+        # full walk of a large model is not free), and at once when they look stale.
+        if self._snapshots and (self.registry.stale or self.training_steps % REFRESH_EVERY_STEPS == 1):
+            self._tls.busy = True
+            try:
+                self.registry.refresh()
+                for entry in self.registry.all_entries():
+                    self.ownership.remember(entry.param)
+            finally:
+                self._tls.busy = False
+
+    def finish(self, meta: dict[str, Any]) -> None:
+        """Close the open window at session end: a pending first-iteration cut, then the tail."""
+        if not self.active:
+            return
+        if not self.cycle.learnt and self.cycle.pending_cut is not None:
+            self._end_step(
+                cut_at=self.cycle.pending_cut, states=self._pending_end_states,
+                trained=self.loop.window_ended(), boundary="optimizer",
+            )
+        setup = self.loop.in_setup
+        trained = self.loop.window_ended()
+        self.recorder.append(
+            self._event(
+                "meta", what="run_end", iterations=self.loop.iterations,
+                optimizer_steps=self.loop.optimizer_steps, **meta,
+            )
+        )
+        # The last iteration of a loop without an optimizer, or a process that never
+        # trained, is judged on its parameters too; an optimizer run's tail is not.
+        states = self._end_states() if (setup or trained) else []
+        self._end_step(states=states, final=True, setup=setup, trained=trained, boundary="close")
