@@ -16,13 +16,13 @@ step): it began at its first loop-start signal (a ``zero_grad`` or a root forwar
 training mode), so the setup window is cut there, retroactively.  A process that never
 trains (an evaluation job, a DataLoader-only program) is all setup.
 
-Gradient accumulation runs several backward passes per optimizer step.  Until the
-first optimizer step of a run it is unknown whether one will come; a run with a known
-optimizer waits ``ACCUMULATION_PATIENCE`` micro-batches for it before it treats each
-micro-batch as an iteration of its own (a forgotten ``step()`` then shows up as
-iterations that ran backward and changed nothing).  After optimizer steps have been
-seen, a window that runs more micro-batches than any stepped iteration did has skipped
-its step, and ends as an iteration of its own.
+Gradient accumulation runs several backward passes per optimizer step, so a new
+forward after a backward ends an iteration only in a loop without an optimizer.  Until
+the first optimizer step of a run it is unknown whether one will come: a run with a
+known optimizer waits ``ACCUMULATION_PATIENCE`` micro-batches for it before it treats
+each micro-batch as an iteration of its own.  Clearing gradients after a backward with
+no step in between ends an iteration in every loop: nothing accumulates across a clear,
+so the step was skipped (a loss scaler that found an overflow) or never called.
 """
 
 from __future__ import annotations
@@ -60,8 +60,7 @@ class IterationTracker:
     iterations: int = 0
     _setup_candidate: int | None = None
     _backward_since_reset: bool = False
-    _loop_starts: int = 0
-    _most_loop_starts_per_step: int = 0
+    _micro_batches: int = 0
     _loop_mode: bool = False
     _window_backward: bool = False
     _window_stepped: bool = False
@@ -75,16 +74,16 @@ class IterationTracker:
             return NO_BOUNDARY
         if not self._backward_since_reset:
             return NO_BOUNDARY  # the first forward (or clear) of an iteration
-        if zero_grad and self.optimizer_steps:
-            return NO_BOUNDARY  # with an optimizer, only forwards delimit micro-batches
-        self._backward_since_reset = False
-        self._loop_starts += 1
-        if self._loop_starts > self._allowed_loop_starts(optimizer_known):
-            if not self.optimizer_steps:
-                self._loop_mode = True  # no step came: every micro-batch is an iteration
-            self.window_ended()
-            return Boundary(end_iteration=True)
-        return NO_BOUNDARY
+        if not zero_grad:
+            if self.optimizer_steps:
+                return NO_BOUNDARY  # a micro-batch: the optimizer step ends the iteration
+            self._backward_since_reset = False
+            self._micro_batches += 1
+            if optimizer_known and not self._loop_mode and self._micro_batches <= ACCUMULATION_PATIENCE:
+                return NO_BOUNDARY
+            self._loop_mode = True
+        self.window_ended()
+        return Boundary(end_iteration=True)
 
     def setup_activity(self) -> None:
         """An initialisation after a loop-start signal: setup is still going on."""
@@ -103,26 +102,19 @@ class IterationTracker:
     def optimizer_step_ended(self) -> None:
         self.optimizer_steps += 1
         self._window_stepped = True
-        self._most_loop_starts_per_step = max(self._most_loop_starts_per_step, self._loop_starts)
-        self._loop_starts = 0
+        self._micro_batches = 0
         self._backward_since_reset = False
-        self._loop_mode = False
 
     def window_ended(self) -> bool:
         """The open window closed; returns whether it held a training iteration."""
         trained = not self.in_setup and (self._window_backward or self._window_stepped)
         if trained:
             self.iterations += 1
-        self._loop_starts = 0
+        self._micro_batches = 0
         self._backward_since_reset = False
         self._window_backward = False
         self._window_stepped = False
         return trained
-
-    # -- state ----------------------------------------------------------------------
-    @property
-    def window_trained(self) -> bool:
-        return not self.in_setup and (self._window_backward or self._window_stepped)
 
     def _leave_setup(self, position: int) -> Boundary:
         if not self.in_setup:
@@ -132,10 +124,3 @@ class IterationTracker:
         self.in_setup = False
         self._setup_candidate = None
         return Boundary(end_setup_at=cut)
-
-    def _allowed_loop_starts(self, optimizer_known: bool) -> int:
-        if self.optimizer_steps:
-            return self._most_loop_starts_per_step
-        if optimizer_known and not self._loop_mode:
-            return ACCUMULATION_PATIENCE
-        return 0

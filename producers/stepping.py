@@ -92,6 +92,8 @@ class StepBoundaries:
 
     def _apply(self, decision: Boundary) -> None:
         if decision.end_setup_at is not None:
+            if self.registry.stale:  # name what setup built by its model, not opt<i>.g<j>.p<k>
+                self._refresh_names()
             self._end_step(cut_at=decision.end_setup_at, states=self._end_states(), setup=True)
         elif decision.end_iteration:
             if not self.ownership.stepped:
@@ -221,13 +223,16 @@ class StepBoundaries:
         # Names are re-read now and then, not every step (module swaps are rare and a
         # full walk of a large model is not free), and at once when they look stale.
         if self._snapshots and (self.registry.stale or self.training_steps % REFRESH_EVERY_STEPS == 1):
-            self._tls.busy = True
-            try:
-                self.registry.refresh()
-                for entry in self.registry.all_entries():
-                    self.ownership.remember(entry.param)
-            finally:
-                self._tls.busy = False
+            self._refresh_names()
+
+    def _refresh_names(self) -> None:
+        self._tls.busy = True
+        try:
+            self.registry.refresh()
+            for entry in self.registry.all_entries():
+                self.ownership.remember(entry.param)
+        finally:
+            self._tls.busy = False
 
     def finish(self, meta: dict[str, Any]) -> None:
         """Close the open window at session end: a pending first-iteration cut, then the tail."""

@@ -64,10 +64,10 @@ def test_single_process_default_trace_dir_frozen_and_trained_parameters(tmp_path
     assert name.startswith("single-rank0-pid")
     summary_row = next(line for line in result.stderr.splitlines() if name in line)
     assert summary_row.split()[:1] == ["0"] and summary_row.split()[2] == "3", result.stderr
-    assert [b["step"] for b in batches] == [0, 1, 2, 3]
+    assert [b["step"] for b in batches] == [0, 1, 2, 3, 4]
     pre = states_by(batches, "pre:torch.optim.Optimizer.step")
     post = states_by(batches, "post:torch.optim.Optimizer.step")
-    for step in range(3):
+    for step in range(1, 4):
         assert pre[step]["0.weight"]["data_digest"] == post[step]["0.weight"]["data_digest"]  # frozen
         assert pre[step]["0.weight"]["requires_grad"] is False
         for trained in ("2.weight", "4.weight", "4.bias"):
@@ -128,19 +128,19 @@ def test_torchrun_two_ranks_replicas_agree_until_one_is_perturbed(tmp_path, clea
     by_rank = {batches[0]["rank"]: batches for batches in traces.values()}
     assert set(by_rank) == {0, 1} and all(b["world"] == 2 for bs in by_rank.values() for b in bs)
     pre = {rank: states_by(batches, "pre:torch.optim.Optimizer.step") for rank, batches in by_rank.items()}
-    assert set(pre[0]) == set(pre[1]) == {0, 1, 2, 3}
+    assert set(pre[0]) == set(pre[1]) == {1, 2, 3, 4}
     weight = "module.0.weight"
-    for step in range(4):
+    for step in range(1, 5):
         names = set(pre[0][step])
         assert weight in names and names == set(pre[1][step])
         same = {n for n in names if pre[0][step][n]["data_digest"] == pre[1][step][n]["data_digest"]}
-        if step < perturb_step:
+        if step <= perturb_step:  # iterations are steps 1..N: iteration i is step i + 1
             assert same == names, f"step {step}: replicas must be bitwise equal"
         else:
             assert weight not in same, f"step {step}: the perturbed replica must differ"
             assert same == names - {weight}
     # gradients are all-reduced, so grad digests agree even after the divergence
-    assert pre[0][3][weight]["grad_digest"] is not None
+    assert pre[0][4][weight]["grad_digest"] is not None
 
 
 def test_spawn_two_ranks_learn_rank_from_init_process_group(tmp_path, clean_env):
@@ -154,10 +154,10 @@ def test_spawn_two_ranks_learn_rank_from_init_process_group(tmp_path, clean_env)
     assert set(by_rank) == {0, 1}
     for batches in by_rank.values():
         assert {b["world"] for b in batches} == {2}
-        assert [b["step"] for b in batches] == [0, 1, 2]
+        assert [b["step"] for b in batches] == [0, 1, 2, 3]
         assert len(calls(batches, "torch.distributed.init_process_group")) == 1
     step_end = {rank: states_by(batches, "step_end") for rank, batches in by_rank.items()}
-    for step in (0, 1):
+    for step in (0, 1, 2):
         assert {n: a["data_digest"] for n, a in step_end[0][step].items()} == {
             n: a["data_digest"] for n, a in step_end[1][step].items()
         }
@@ -181,7 +181,7 @@ def test_dataloader_workers_report_their_seeds_once(tmp_path, clean_env):
             worker_events.extend(found)
         else:
             trainer = batches
-    assert trainer is not None and max(b["step"] for b in trainer) == 3
+    assert trainer is not None and max(b["step"] for b in trainer) == 4
     assert sorted(e["args"]["worker_id"] for _, e in worker_events) == [0, 1]
     assert len({e["args"]["torch_seed"] for _, e in worker_events}) == 2
     assert all(e["args"]["numpy_state_digest"] and e["args"]["python_random_digest"] for _, e in worker_events)
@@ -233,8 +233,10 @@ def test_spawned_dataloader_workers_report_the_step_that_started_them(tmp_path, 
             worker_batches.extend(batches)
         announcements.extend((b["step"], e["workers"]) for b in batches for e in b["events"]
                              if e["kind"] == "meta" and e["what"] == "dataloader_workers")
-    assert announcements == [(2, 2)]
-    assert sorted(b["step"] for b in worker_batches) == [2, 2]  # not step 0: spawn starts a fresh process
+    # iteration 2 (0-based) is step 3; its first micro-batch's gradients are cleared
+    # before any step, so it ends as an iteration of its own (step 3), and step 4 steps
+    assert announcements == [(3, 2)]
+    assert sorted(b["step"] for b in worker_batches) == [3, 3]  # not step 0: spawn starts a fresh process
 
 
 def test_killed_training_leaves_a_readable_trace(tmp_path, clean_env):

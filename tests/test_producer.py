@@ -61,14 +61,19 @@ def test_steps_batches_and_the_wire_contract(tmp_path):
         assert batch["run"] == "r-basic" and batch["rank"] == 0 and batch["world"] == 1
         ends = [e for e in batch["events"] if e["kind"] == "step" and e["phase"] == "end"]
         assert len(ends) == 1 and batch["events"][-1] is ends[0], "the step end closes the batch"
-    assert [b["step"] for b in batches] == [0, 1, 2, 3]
-    assert [b["seq"] for b in batches] == [0, 1, 2, 3]
-    assert batches[-1]["events"][-1].get("final") is True, "the tail after the last optimizer step is marked final"
+    assert [b["step"] for b in batches] == [0, 1, 2, 3, 4]
+    assert [b["seq"] for b in batches] == [0, 1, 2, 3, 4]
+    ends = [b["events"][-1] for b in batches]
+    assert ends[0].get("setup") is True and "trained" not in ends[0], "step 0 is the setup window"
+    assert all(e.get("trained") is True and e["boundary"] == "optimizer" for e in ends[1:4])
+    assert ends[-1].get("final") is True and "trained" not in ends[-1], "the tail after the last optimizer step"
     whats = [e["what"] for _, e in _events(batches) if e["kind"] == "meta"]
     assert whats[0] == "run_start" and "run_end" in whats and "producer_stats" in whats
     # every optimizer step of step k is in batch k (steps end at the optimizer post hook)
     step_calls = [(s, e["phase"]) for s, e in _events(batches) if e.get("api") == "torch.optim.Optimizer.step"]
-    assert step_calls == [(0, "pre"), (0, "post"), (1, "pre"), (1, "post"), (2, "pre"), (2, "post")]
+    assert step_calls == [(1, "pre"), (1, "post"), (2, "pre"), (2, "post"), (3, "pre"), (3, "post")]
+    run_end = next(e for _, e in _events(batches) if e["kind"] == "meta" and e["what"] == "run_end")
+    assert run_end["iterations"] == 3 and run_end["optimizer_steps"] == 3
     assert all(e["stage"] == "init" for s, e in _events(batches) if e.get("api") == "torch.nn.init.kaiming_uniform_")
 
 
@@ -116,8 +121,8 @@ def test_snapshots_see_updates_and_frozen_parameters(tmp_path):
         _train(model, steps=2, optimizer=optimizer)
     batches = _batches(tmp_path)
     pre, post = _states(batches, "pre:torch.optim.Optimizer.step"), _states(batches, "post:torch.optim.Optimizer.step")
-    assert set(pre) == set(post) == {0, 1}
-    for step in (0, 1):
+    assert set(pre) == set(post) == {1, 2}
+    for step in (1, 2):
         assert set(pre[step]) == {"0.weight", "0.bias", "1.weight", "1.bias"}
         for name in ("1.weight", "1.bias"):
             assert pre[step][name]["data_digest"] != post[step][name]["data_digest"], name
@@ -126,14 +131,14 @@ def test_snapshots_see_updates_and_frozen_parameters(tmp_path):
             assert pre[step][name]["data_digest"] == post[step][name]["data_digest"], name
             assert pre[step][name]["grad_digest"] is None and pre[step][name]["grad_norm"] is None
             assert pre[step][name]["requires_grad"] is False
-    attrs = pre[0]["1.weight"]
+    attrs = pre[1]["1.weight"]
     assert attrs["shape"] == [1, 4] and attrs["dtype"] == "float32" and attrs["module"] == "1"
     assert attrs["mtype"] == "Linear" and attrs["numel"] == 4 and attrs["is_leaf"] is True
     assert attrs["data_norm"] == pytest.approx(float(torch.linalg.vector_norm(model[1].weight.detach())), rel=0.5)
     # zero_grad clears grads; the step-end snapshot exists for every step
     cleared = _states(batches, "post:torch.optim.Optimizer.zero_grad")
-    assert all(a["grad_digest"] is None for a in cleared[1].values())
-    assert set(_states(batches, "step_end")) == {0, 1}
+    assert all(a["grad_digest"] is None for a in cleared[2].values())
+    assert set(_states(batches, "step_end")) == {0, 1, 2}, "setup and every iteration end with a snapshot"
     # the snapshot points at the call it brackets
     step_cids = {e["cid"] for _, e in _events(batches) if e.get("api") == "torch.optim.Optimizer.step"}
     assert {e["cid"] for _, e in _events(batches) if e["kind"] == "state" and e["at"].endswith("Optimizer.step")} <= step_cids
@@ -143,7 +148,7 @@ def test_sampling_every_n_steps(tmp_path):
     with producers.instrument(run_id="r-sample", trace_dir=tmp_path, sample_every=2):
         _train(nn.Linear(3, 1), steps=4)
     pre = _states(_batches(tmp_path), "pre:torch.optim.Optimizer.step")
-    assert set(pre) == {0, 2}
+    assert set(pre) == {2, 4}, "iterations are steps 1..4; every second one is sampled"
 
 
 def test_two_optimizers_per_iteration_end_one_step_per_iteration(tmp_path):
@@ -159,12 +164,12 @@ def test_two_optimizers_per_iteration_end_one_step_per_iteration(tmp_path):
             critic(generator(torch.randn(4, 2))).mean().backward()
             opt_g.step()
     batches = _batches(tmp_path)
-    assert [b["step"] for b in batches] == [0, 1, 2, 3]
-    for batch in batches[:3]:
+    assert [b["step"] for b in batches] == [0, 1, 2, 3, 4]
+    for batch in batches[1:4]:
         steps = [e["name"] for e in batch["events"] if e.get("api") == "torch.optim.Optimizer.step" and e["phase"] == "pre"]
         assert steps == ["torch.optim.sgd.SGD.step"] * 2, batch["step"]
         assert batch["events"][0]["kind"] == "step" and batch["events"][0]["phase"] == "begin"
-    names = set(_states(batches, "step_end")[0])
+    names = set(_states(batches, "step_end")[1])
     assert names == {"weight", "bias", "r1.weight", "r1.bias"}, "second root's parameters are prefixed"
 
 
@@ -244,7 +249,7 @@ def test_internal_errors_never_reach_the_training_loop(tmp_path, capsys, monkeyp
     err = capsys.readouterr().err
     assert err.count("internal error in recording torch.optim.Optimizer.zero_grad") == 1
     batches = _batches(tmp_path)
-    assert max(b["step"] for b in batches) == 3
+    assert max(b["step"] for b in batches) == 4
 
 
 def test_odd_parameters_degrade_gracefully(tmp_path):
@@ -348,9 +353,9 @@ def test_torch_compiled_modules_are_skipped_gracefully(tmp_path, capsys):
             assert session.tracer.internal_errors == 0
     assert capsys.readouterr().err.count("torch.compile'd regions nothing is recorded") == 1
     batches = _batches(tmp_path)
-    assert [b["step"] for b in batches] == [0, 1, 2, 3]
+    assert [b["step"] for b in batches] == [0, 1, 2, 3, 4]
     pre = _states(batches, "pre:torch.optim.Optimizer.step")
-    assert all(len(pre[step]) == 4 for step in range(3)), "eager optimizer steps are still snapshotted"
+    assert all(len(pre[step]) == 4 for step in range(1, 4)), "eager optimizer steps are still snapshotted"
 
 
 def test_full_mode_records_every_torch_function(tmp_path):
@@ -373,7 +378,7 @@ def test_unwritable_trace_dir_counts_drops_and_training_goes_on(tmp_path, capsys
     with producers.instrument(run_id="r-nowrite", trace_dir=blocker / "traces") as session:
         _train(nn.Linear(3, 1), steps=2)
     stats = session.stats()
-    assert stats["sinks"]["file"]["dropped_batches"] == 3 and stats["sinks"]["file"]["sent_batches"] == 0
+    assert stats["sinks"]["file"]["dropped_batches"] == 4 and stats["sinks"]["file"]["sent_batches"] == 0
     assert "trace FAILED" in capsys.readouterr().err
 
 
@@ -492,12 +497,12 @@ def test_switching_optimizers_mid_run_keeps_one_step_per_optimizer_step(tmp_path
         _train(model, steps=2, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
         _train(model, steps=3, optimizer=torch.optim.Adam(model.parameters(), lr=0.1))
     batches = _batches(tmp_path)
-    assert [b["step"] for b in batches] == [0, 1, 2, 3, 4, 5]
+    assert [b["step"] for b in batches] == [0, 1, 2, 3, 4, 5, 6]
     names = [
         [e["name"].rsplit(".", 2)[-2] for e in b["events"] if e.get("api") == "torch.optim.Optimizer.step" and e["phase"] == "pre"]
         for b in batches
     ]
-    assert names == [["SGD"], ["SGD"], ["Adam"], ["Adam"], ["Adam"], []]
+    assert names == [[], ["SGD"], ["SGD"], ["Adam"], ["Adam"], ["Adam"], []]
 
 
 def test_an_auxiliary_optimizer_next_to_the_cycle_does_not_split_steps():
@@ -567,11 +572,11 @@ def test_tied_parameters_are_snapshotted_under_every_name(tmp_path):
             model(torch.tensor([[1, 2]])).sum().backward()
             optimizer.step()
     pre = _states(_batches(tmp_path), "post:torch.optim.Optimizer.step")
-    tied = pre[0]
+    tied = pre[1]
     assert set(tied) == {"embed.weight", "head.weight"}
     assert tied["head.weight"]["alias_of"] == "embed.weight" and tied["head.weight"]["mtype"] == "Linear"
     assert tied["head.weight"]["data_digest"] == tied["embed.weight"]["data_digest"]
-    untied = pre[3]  # names are re-read at the end of the step that saw the new parameter
+    untied = pre[4]  # names are re-read at the end of the step that saw the new parameter
     assert set(untied) == {"embed.weight", "head.weight"} and "alias_of" not in untied["head.weight"]
     assert untied["head.weight"]["data_digest"] != untied["embed.weight"]["data_digest"]
 

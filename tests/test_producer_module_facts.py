@@ -91,12 +91,12 @@ def test_first_forward_events_carry_the_facts_and_later_ones_do_not(tmp_path):
     pres = _forward_pres(tmp_path)
     firsts = [(step, e["module"], e["mtype"], e["training"], e["ctx"].get("spectral_norm"),
                e["ctx"].get("spectral_norm_refined")) for step, e in pres if e["ctx"].get("first_forward")]
-    assert firsts == [(0, "", "Sequential", True, None, None), (0, "0", "Linear", True, "hook", False),
-                      (0, "1", "ReLU", True, None, None), (0, "2", "Linear", True, None, None),
-                      (1, "", "Linear", False, "hook", False)]
+    assert firsts == [(1, "", "Sequential", True, None, None), (1, "0", "Linear", True, "hook", False),
+                      (1, "1", "ReLU", True, None, None), (1, "2", "Linear", True, None, None),
+                      (2, "", "Linear", False, "hook", False)]
     # the check's own torch calls are not recorded as the user's
     assert not [e for _, e in pres if e["ctx"].get("first_forward") and e["mtype"] not in ("Sequential", "Linear", "ReLU")]
     assert all(e["ctx"]["first_forward"] is True for _, e in pres if "first_forward" in e["ctx"])
     # steady state: later forwards carry the plain context only
-    later = [e for step, e in pres if step == 2]
+    later = [e for step, e in pres if step == 3]
     assert later and all(set(e["ctx"]) == {"grad", "autocast", "training"} for e in later)
