@@ -172,6 +172,7 @@ class StepBoundaries:
                 self._end_step(
                     states=self._end_states(just_taken), trained=self.loop.window_ended(), boundary="optimizer"
                 )
+            self._tail_start = self.recorder.position
         except Exception as exc:
             self.internal_error("optimizer step hook", exc)
 
@@ -217,7 +218,7 @@ class StepBoundaries:
         self.recorder.end_step(end, at=cut_at, before_end=before_end, next_begin=begin)
         self.cycle.step_ended()
         self._pending_end_states = []
-        self._tail_start = self.recorder.position if trained else None
+        self._tail_start = None
         if not final and not setup:
             self.training_steps += 1
         # Names are re-read now and then, not every step (module swaps are rare and a

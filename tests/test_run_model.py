@@ -1,0 +1,211 @@
+"""The run model on real (tiny, CPU) training loops written the many ways people write them.
+
+Step 0 is the setup window; iterations are steps 1..N whether an optimizer steps or
+not; closures run before their step; receivers and parameter overwrites are named.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pytest
+import torch
+from torch import nn
+
+import producers
+from producers.report import read_trace_dir
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def _batches(trace_dir):
+    (batches,) = read_trace_dir(trace_dir).values()
+    return batches
+
+
+def _ends(batches):
+    return [b["events"][-1] for b in batches]
+
+
+def _calls(batches, api, phase="pre"):
+    return [(b["step"], e) for b in batches for e in b["events"]
+            if e["kind"] == "call" and e["api"] == api and e["phase"] == phase]
+
+
+def _run_end(batches):
+    return next(e for b in batches for e in b["events"] if e["kind"] == "meta" and e["what"] == "run_end")
+
+
+def _states(batches, at):
+    found: dict[int, dict[str, dict]] = defaultdict(dict)
+    for b in batches:
+        for e in b["events"]:
+            if e["kind"] == "state" and e["at"] == at:
+                found[b["step"]][e["name"]] = e["attrs"]
+    return found
+
+
+def test_hand_written_sgd_loop_has_iterations_and_checked_updates(tmp_path):
+    with producers.instrument(run_id="sgd", trace_dir=tmp_path):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
+        x, y = torch.randn(8, 3), torch.randn(8, 1)
+        for _ in range(3):
+            model.zero_grad()
+            ((model(x) - y) ** 2).mean().backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(-0.1 * p.grad)
+    batches = _batches(tmp_path)
+    ends = _ends(batches)
+    assert [b["step"] for b in batches] == [0, 1, 2, 3]
+    assert ends[0].get("setup") is True
+    assert [(e.get("trained"), e.get("boundary")) for e in ends[1:]] == [(True, "loop")] * 2 + [(True, "close")]
+    assert ends[-1].get("final") is True
+    assert (_run_end(batches)["iterations"], _run_end(batches)["optimizer_steps"]) == (3, 0)
+    # the initialisers ran at build: they are in the setup window, not in an iteration
+    assert {s for s, _ in _calls(batches, "torch.nn.init.kaiming_uniform_")} == {0}
+    # parameters are snapshotted at every boundary, so a hand-written update is visible
+    ends_at = _states(batches, "step_end")
+    assert set(ends_at) == {0, 1, 2, 3}
+    assert ends_at[1]["0.weight"]["data_digest"] != ends_at[2]["0.weight"]["data_digest"]
+
+
+def test_process_that_never_trains_is_one_setup_window(tmp_path):
+    with producers.instrument(run_id="eval", trace_dir=tmp_path):
+        model = nn.Sequential(nn.Linear(3, 4), nn.Dropout(0.5)).eval()
+        with torch.no_grad():
+            for _ in range(3):
+                model(torch.randn(2, 3))
+    batches = _batches(tmp_path)
+    assert [b["step"] for b in batches] == [0]
+    end = _ends(batches)[0]
+    assert end.get("setup") is True and end.get("final") is True and "trained" not in end
+    assert _run_end(batches)["iterations"] == 0
+    assert {e["stage"] for _, e in _calls(batches, "torch.nn.Module.forward")} == {"eval"}
+
+
+def test_lbfgs_closure_runs_before_the_step_and_its_snapshot_sees_gradients(tmp_path):
+    with producers.instrument(run_id="lbfgs", trace_dir=tmp_path):
+        torch.manual_seed(0)
+        model = nn.Linear(3, 1)
+        optimizer = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=3)
+        x, y = torch.randn(8, 3), torch.randn(8, 1)
+
+        def closure():
+            optimizer.zero_grad()
+            loss = ((model(x) - y) ** 2).mean()
+            loss.backward()
+            return loss
+
+        for _ in range(2):
+            optimizer.step(closure)
+    batches = _batches(tmp_path)
+    assert [b["step"] for b in batches] == [0, 1, 2, 3]
+    for batch in batches[1:3]:
+        order = [e["api"].rsplit(".", 1)[1] for e in batch["events"]
+                 if e["kind"] == "call" and e["phase"] == "pre" and e["api"] != "torch.nn.Module.forward"]
+        assert order[:3] == ["zero_grad", "backward", "step"], order
+        assert order.count("step") == 1, "one step per step() call, however often the closure runs"
+    first_backward = next(e for e in batches[1]["events"] if e.get("api") == "torch.Tensor.backward")
+    assert first_backward["parent"] is None
+    pre = _states(batches, "pre:torch.optim.Optimizer.step")
+    assert all(a["grad_digest"] is not None for a in pre[1].values()), "the closure's gradients exist"
+
+
+def test_module_zero_grad_says_which_optimizer_it_clears(tmp_path):
+    with producers.instrument(run_id="gan", trace_dir=tmp_path):
+        generator, critic = nn.Linear(2, 3), nn.Linear(3, 1)
+        opt_g = torch.optim.Adam(generator.parameters())
+        opt_c = torch.optim.Adam(critic.parameters())
+        for _ in range(2):
+            critic.zero_grad()
+            critic(generator(torch.randn(4, 2)).detach()).mean().backward()
+            opt_c.step()
+            generator.zero_grad()
+            (-critic(generator(torch.randn(4, 2))).mean()).backward()
+            opt_g.step()
+    batches = _batches(tmp_path)
+    assert [b["step"] for b in batches] == [0, 1, 2, 3]
+    clears = [(e["mtype"], e["clears"]) for _, e in _calls(batches, "torch.nn.Module.zero_grad")]
+    assert clears == [("Linear", ["opt1"]), ("Linear", ["opt0"])] * 2
+    steps = [e["obj"] for _, e in _calls(batches, "torch.optim.Optimizer.step")]
+    assert steps == ["opt1", "opt0"] * 2
+
+
+def test_clearing_gradients_without_a_step_ends_an_iteration(tmp_path):
+    """A forgotten (or skipped) ``optimizer.step()``: iterations still exist, none steps."""
+    with producers.instrument(run_id="nostep", trace_dir=tmp_path):
+        model = nn.Linear(3, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(3):
+            optimizer.zero_grad()
+            model(torch.randn(4, 3)).sum().backward()
+    batches = _batches(tmp_path)
+    assert [b["step"] for b in batches] == [0, 1, 2, 3]
+    assert [e.get("boundary") for e in _ends(batches)] == [None, "loop", "loop", "close"]
+    assert (_run_end(batches)["iterations"], _run_end(batches)["optimizer_steps"]) == (3, 0)
+
+
+def test_gradient_accumulation_is_one_iteration_per_step(tmp_path):
+    with producers.instrument(run_id="accum", trace_dir=tmp_path):
+        model = nn.Linear(3, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for index in range(8):
+            model(torch.randn(4, 3)).sum().backward()
+            if index % 4 == 3:
+                optimizer.step()
+                optimizer.zero_grad()
+    batches = _batches(tmp_path)
+    assert [b["step"] for b in batches] == [0, 1, 2, 3]
+    assert [len(_calls([b], "torch.Tensor.backward")) for b in batches] == [0, 4, 4, 0]
+
+
+def test_stage_switches_at_train_and_eval_and_follows_the_wrapped_model(tmp_path):
+    with producers.instrument(run_id="stages", trace_dir=tmp_path):
+        model = nn.Sequential(nn.Linear(3, 4), nn.Dropout(0.1), nn.Linear(4, 1))
+        wrapper = nn.DataParallel(model)  # on CPU it just calls the model
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch in range(2):
+            model.train()
+            optimizer.zero_grad()
+            wrapper(torch.randn(4, 3)).sum().backward()
+            optimizer.step()
+            torch.manual_seed(epoch)  # a test function re-seeds before it calls eval()
+            wrapper.eval()
+            with torch.no_grad():
+                wrapper(torch.randn(4, 3))
+            wrapper.module.train()  # the inner model trains on; the wrapper's flag stays stale
+    batches = _batches(tmp_path)
+    zero_grads = [e["stage"] for _, e in _calls(batches, "torch.optim.Optimizer.zero_grad")]
+    assert zero_grads[1:] == ["train"], "zero_grad right after train() is a training call"
+    seeds = [e["stage"] for _, e in _calls(batches, "torch.manual_seed")]
+    assert seeds == ["eval", "eval"], "the re-seed belongs to the evaluation that follows it"
+    roots = [(e["training"], e["stage"]) for _, e in _calls(batches, "torch.nn.Module.forward") if e["module"] == ""]
+    assert roots[2] == (False, "train"), "a stale wrapper flag does not decide the stage"
+
+
+def test_parameter_overwrites_are_recorded_and_know_trained_parameters(tmp_path):
+    with producers.instrument(run_id="reinit", trace_dir=tmp_path):
+        model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 1))
+        model[0].weight.data.normal_(0, 0.02)  # how many model libraries initialise
+        optimizer = torch.optim.Adam(model.parameters())
+        for index in range(3):
+            optimizer.zero_grad()
+            model(torch.randn(4, 3)).sum().backward()
+            optimizer.step()
+            if index == 1:
+                model[1].weight.data.normal_()  # re-initialising a trained layer
+                nn.init.zeros_(model[1].bias)
+        fresh = nn.Linear(4, 2)  # a new head built mid-run: not a re-initialisation
+    batches = _batches(tmp_path)
+    writes = [(s, e["name"], e["args"]["tensor"].get("name"), e["trained"])
+              for s, e in _calls(batches, "torch.Tensor.param_overwrite")]
+    assert writes[0] == (0, "torch.Tensor.normal_", None, False), "at build the model has no names yet"
+    assert (3, "torch.Tensor.normal_", "1.weight", True) in writes  # after the 2nd step: window 3
+    assert not [w for w in writes if w[0] != 0 and w[1] != "torch.Tensor.normal_"], "optimizer writes are not overwrites"
+    inits = [(s, e["trained"]) for s, e in _calls(batches, "torch.nn.init.zeros_")]
+    assert inits == [(3, True)]
+    fresh_inits = [e["trained"] for s, e in _calls(batches, "torch.nn.init.kaiming_uniform_") if s == 4]
+    assert fresh_inits == [False]
+    assert fresh.weight.shape == (2, 4)
