@@ -13,6 +13,9 @@ from invariants.invariant_file import loads
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS, PERTURB_STEP, PERTURB_RANK = 6, 3, 1
+#: iteration K (1-based) is window K (window 0 is setup); the nudge after its optimizer
+#: step is first seen by window K + 1
+FIRST_WRONG_STEP = PERTURB_STEP + 1
 
 pytestmark = pytest.mark.slow
 
@@ -66,15 +69,13 @@ def test_infer_on_healthy_ddp_then_check_healthy_and_broken_runs(ddp_traces):
     report = root / "broken.json"
     broken = trainwatch("check", "-i", str(invariants), str(ddp_traces["broken"]), "--report-json", str(report), env=env)
     assert broken.returncode == 1, broken.stdout + broken.stderr
-    # the loop nudges rank 1's weight after its optimizer step of iteration K (1-based),
-    # i.e. right after the end of window K-1: window K is the first to see it
-    assert broken.stdout.startswith(f"VIOLATION at step {PERTURB_STEP} ")
+    assert broken.stdout.startswith(f"VIOLATION at step {FIRST_WRONG_STEP} ")
     data = json.loads(report.read_text())
-    assert data["summary"]["first_violation_step"] == PERTURB_STEP
-    first = [v for v in data["violations"] if v["step"] == PERTURB_STEP]
+    assert data["summary"]["first_violation_step"] == FIRST_WRONG_STEP
+    first = [v for v in data["violations"] if v["step"] == FIRST_WRONG_STEP]
     assert all(v["relation"] == "Consistent" for v in first)
     assert any(v["evidence"]["first"]["variable"] == "module.0.weight" for v in first)
-    assert all(v["step"] >= PERTURB_STEP for v in data["violations"])
+    assert all(v["step"] >= FIRST_WRONG_STEP for v in data["violations"])
 
 
 def test_shipped_default_set_catches_the_perturbed_replica(ddp_traces):
@@ -82,5 +83,5 @@ def test_shipped_default_set_catches_the_perturbed_replica(ddp_traces):
     assert trainwatch("check", str(ddp_traces["healthy"]), env=env).returncode == 0
     broken = trainwatch("check", str(ddp_traces["broken"]), env=env)
     assert broken.returncode == 1
-    assert f"VIOLATION at step {PERTURB_STEP} " in broken.stdout
+    assert f"VIOLATION at step {FIRST_WRONG_STEP} " in broken.stdout
     assert "identical on all data-parallel ranks" in broken.stdout

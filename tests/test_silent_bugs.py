@@ -85,7 +85,7 @@ def test_registry_describes_every_reproduction():
 
 
 def test_scoring_separates_onset_late_and_early_violations():
-    onset = 3
+    onset = 2  # iteration 2 is step 3 (step 0 is setup)
     on_time = [{"step": 4, "relation": "Consistent", "description": "param data equal across ranks"}]
     assert score(on_time, onset, ["param"]).detected
     assert score(on_time, onset, ["param"]).names_root_cause

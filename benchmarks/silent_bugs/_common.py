@@ -1,8 +1,9 @@
 """Command-line and setup shared by every reproduction, so that each script is only its bug.
 
 Every reproduction is the same program twice: without ``--bug`` it is the healthy twin,
-with ``--bug`` the silent error starts at step ``--onset`` (counted in optimizer steps
-from 0, the way the producer numbers steps). Before the onset both runs are identical.
+with ``--bug`` the silent error starts at iteration ``--onset`` (counted from 0; the
+producer's step of iteration ``i`` is ``i + 1``, step 0 being setup). Before the onset
+both runs are identical.
 """
 
 from __future__ import annotations
