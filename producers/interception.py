@@ -19,9 +19,8 @@ from typing import Any, Callable
 import torch
 from torch.overrides import TorchFunctionMode, resolve_name
 
-from invariants.events import DATALOADER_WORKERS_META
-
 from .identity_hooks import install_identity_hooks
+from .worker_hooks import patch_worker_loop, patch_worker_start
 from .patching import PatchHandle, patch_attribute
 from .selection import (
     COLLECTIVES,
@@ -287,8 +286,8 @@ def install(tracer: Tracer, selection: Selection, on_rank_change: Callable[[], N
                 continue
             handles.append(patch_attribute(owner, attr, _make_call_wrapper(tracer, spec, on_post, record=wanted)))
     handles.extend(install_identity_hooks(tracer, record_writes=selection.wants(PARAM_OVERWRITE)))
-    handles.append(_patch_worker_loop(tracer))
-    handles.append(_patch_worker_start(tracer))
+    handles.append(patch_worker_loop(tracer))
+    handles.append(patch_worker_start(tracer))
     mode_targets = _mode_targets(selection)
     if selection.full or mode_targets:
         wrapped = frozenset(
@@ -318,96 +317,3 @@ def _mode_targets(selection: Selection) -> list[Any]:
         if callable(target) and not isinstance(target, type):
             targets.append(target)
     return targets
-
-
-class WorkerStepTag:
-    """A DataLoader's ``worker_init_fn``, tagged with the step that starts the workers.
-
-    Pickled into every worker with the init function itself, so a worker knows its
-    step whatever the start method: a forked worker inherits the counter, but one
-    started by ``spawn`` or ``forkserver`` begins a fresh process at step 0.  Calling
-    it calls the user's function (if any), so an uninstrumented worker sees no change.
-    """
-
-    def __init__(self, inner: Callable[[int], Any] | None, step: int) -> None:
-        self.inner = inner
-        self.step = step
-
-    def __call__(self, worker_id: int) -> Any:
-        return None if self.inner is None else self.inner(worker_id)
-
-
-def _patch_worker_start(tracer: Tracer) -> PatchHandle:
-    """Announce DataLoader workers in the step that starts them, and tell them that step.
-
-    Each worker sends its seeds in a batch of its own, over its own connection, so it
-    reaches a stream checker after the rank's step end.  The announcement tells the
-    checker how many such batches to wait for before it judges the step (rules about
-    distinct worker seeds need them all).
-    """
-    from torch.utils.data import dataloader as dataloader_module
-
-    def make(original: Callable[..., Any]) -> Callable[..., Any]:
-        def start_workers(self: Any, loader: Any, *args: Any, **kwargs: Any) -> Any:
-            tagged = False
-            try:
-                workers = int(getattr(loader, "num_workers", 0) or 0)
-                if workers > 0 and tracer.enabled:
-                    step = tracer.recorder.step
-                    user_init = loader.worker_init_fn
-                    loader.worker_init_fn = WorkerStepTag(user_init, step)
-                    tagged = True
-                    tracer.record_meta(DATALOADER_WORKERS_META, workers=workers)
-            except Exception as exc:
-                tracer.internal_error("DataLoader worker announcement", exc)
-            try:
-                return original(self, loader, *args, **kwargs)
-            finally:
-                if tagged:
-                    loader.worker_init_fn = user_init
-
-        return start_workers
-
-    return patch_attribute(dataloader_module._MultiProcessingDataLoaderIter, "__init__", make)
-
-
-def _patch_worker_loop(tracer: Tracer) -> PatchHandle:
-    """DataLoader workers: report seeds once (after torch seeded them), then stay quiet."""
-    import torch.utils.data._utils.worker as worker_module
-
-    from .runtime import close_worker_session
-
-    def make(original: Callable[..., Any]) -> Callable[..., Any]:
-        signature = inspect.signature(original)
-
-        def worker_loop(*args: Any, **kwargs: Any) -> Any:
-            tracer.enabled = False  # a worker only loads data; nothing else to record
-            try:
-                bound = signature.bind(*args, **kwargs)
-                user_init = bound.arguments.get("init_fn")
-                step = None
-                if isinstance(user_init, WorkerStepTag):
-                    user_init, step = user_init.inner, user_init.step
-                num_workers = int(bound.arguments.get("num_workers", 0))
-
-                def init_fn(worker_id: int) -> None:
-                    # After the user's init: its reseeding is part of what is reported.
-                    if user_init is not None:
-                        user_init(worker_id)
-                    try:
-                        tracer.worker_started(worker_id, num_workers, step=step)
-                    except Exception as exc:
-                        tracer.internal_error("DataLoader worker start", exc)
-
-                bound.arguments["init_fn"] = init_fn
-                args, kwargs = bound.args, bound.kwargs
-            except Exception as exc:
-                tracer.internal_error("DataLoader worker wrapper", exc)
-            try:
-                return original(*args, **kwargs)
-            finally:
-                close_worker_session()
-
-        return worker_loop
-
-    return patch_attribute(worker_module, "_worker_loop", make)

@@ -28,12 +28,13 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from .module_facts import FirstForwards, first_forward_context
+from .module_facts import FirstForwards
 from .params import PARAMETER_VTYPE, SnapshotMemo, ParameterRegistry, snapshot_attrs
 from .recorder import StepRecorder
 from .ownership import ParameterOwnership
 from .selection import MODULE_FORWARD, MODULE_ZERO_GRAD, OPTIMIZER_STEP, OPTIMIZER_ZERO_GRAD, WORKER_INIT, Selection
 from .stages import holds_model, real_model
+from .forward_hooks import ForwardHooks
 from .stepping import StepBoundaries
 from .summaries import summarize
 from .workers import worker_seed_report
@@ -75,7 +76,7 @@ class CallToken:
         self.post_attrs: list[tuple[Any, dict[str, Any]]] | None = None
 
 
-class Tracer(StepBoundaries):
+class Tracer(StepBoundaries, ForwardHooks):
     """Event production for one process (one rank, or one DataLoader worker)."""
 
     def __init__(
@@ -336,110 +337,6 @@ class Tracer(StepBoundaries):
         taken = self._take(entries, data)
         self.recorder.extend(self._state_events(taken, at, cid))
         return taken
-
-    # -- module forward (global hooks) ----------------------------------------------
-    # These two run for every module call of the model, so they build their events
-    # directly (no keyword plumbing) and memoise the per-class names.
-    def _forward_names(self, cls: type) -> tuple[str, str]:
-        names = self._class_names.get(cls)
-        if names is None:
-            names = (f"{cls.__module__}.{cls.__qualname__}.forward", cls.__name__)
-            self._class_names[cls] = names
-        return names
-
-    def forward_pre(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
-        tls = self._tls
-        if not self.enabled or tls.busy or self.skip_compiled():
-            return
-        try:
-            depth = tls.depth
-            tls.depth = depth + 1
-            if depth == 0:
-                tls.root_paths = self.registry.add_root(module)
-                # Only roots with parameters (models) decide the stage: a loss module
-                # called at top level in a validation loop is always in training mode.
-                if self.registry.is_model_root(module):
-                    model = real_model(module)
-                    self._root_ref = weakref.ref(model)
-                    self._set_auto_stage("train" if model.training else "eval")
-                    if model.training and torch.is_grad_enabled():
-                        self.root_forward_signal()
-            if not self._record_forward:
-                tls.forward_cids.append(None)
-                return
-            cid = next(self._cids)
-            stack = tls.stack
-            name, mtype = self._forward_names(type(module))
-            ctx = self._ctx()
-            if self._first_forwards.is_first(module):
-                tls.busy = True  # its torch work (spectral-norm check) is ours, not the user's
-                try:
-                    ctx.update(first_forward_context(module))
-                finally:
-                    tls.busy = False
-            self._record(
-                {
-                    "kind": "call",
-                    "t": time.time_ns(),
-                    "pid": self.pid,
-                    "tid": threading.get_native_id(),
-                    "stage": self.stage,
-                    "name": name,
-                    "api": MODULE_FORWARD,
-                    "phase": "pre",
-                    "cid": cid,
-                    "parent": stack[-1] if stack else None,
-                    "module": tls.root_paths.get(id(module)),
-                    "mtype": mtype,
-                    "training": module.training,
-                    "args": {"0": summarize(args[0], self.registry.name_of)} if args else {},
-                    "ctx": ctx,
-                }
-            )
-            stack.append(cid)
-            tls.forward_cids.append(cid)
-        except Exception as exc:
-            tls.forward_cids.append(None)
-            self.internal_error("module forward pre-hook", exc)
-
-    def forward_post(
-        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
-    ) -> None:
-        tls = self._tls
-        if not self.enabled or tls.busy or _is_compiling():
-            return
-        try:
-            if tls.depth > 0:
-                tls.depth -= 1
-            cid = tls.forward_cids.pop() if tls.forward_cids else None
-            if cid is None:
-                return
-            stack = tls.stack
-            if stack and stack[-1] == cid:
-                stack.pop()
-            name, mtype = self._forward_names(type(module))
-            event = {
-                "kind": "call",
-                "t": time.time_ns(),
-                "pid": self.pid,
-                "tid": threading.get_native_id(),
-                "stage": self.stage,
-                "name": name,
-                "api": MODULE_FORWARD,
-                "phase": "post",
-                "cid": cid,
-                "module": tls.root_paths.get(id(module)),
-                "mtype": mtype,
-                "training": module.training,
-                "ret": summarize(output, self.registry.name_of),
-            }
-            if kwargs:
-                # Global pre-hooks do not receive keyword arguments; the post hook does.
-                name_of = self.registry.name_of
-                event["kwargs"] = {key: summarize(value, name_of) for key, value in kwargs.items()}
-            self._record(event)
-        except Exception as exc:
-            self.internal_error("module forward hook", exc)
 
     def record_meta(self, what: str, **fields: Any) -> None:
         self.recorder.append(self._event("meta", what=what, **fields))
