@@ -124,7 +124,8 @@ def test_watch_judges_a_step_only_after_its_dataloader_workers_reported(kafka_br
     assert metric(poller.latest, "trainwatch_missing_rank_windows_total", run=run_id) == 0
     if buggy:
         assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-3000:]
-        assert any(f"run={run_id} step=3 " in line and "[APIArg]" in line and "worker_init" in line
+        # iteration 3 (the onset) is step 4: step 0 is the setup window
+        assert any(f"run={run_id} step=4 " in line and "[APIArg]" in line and "worker_init" in line
                    for line in lines), lines
     else:
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
