@@ -14,7 +14,7 @@ transfer per device; digests follow `producers.digest`.
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterable, Sequence
 
 import torch
@@ -34,6 +34,8 @@ class ParamEntry:
     mtype: str | None
     #: for a tied parameter's second (third...) name: the name it is snapshotted under first
     alias_of: str | None = None
+    #: ``opt<i>.g<j>``: the first optimizer and param group holding it
+    holder: str | None = None
 
 
 #: Attributes that Megatron-LM / DeepSpeed-style frameworks set on parameters to say how
@@ -128,16 +130,21 @@ class ParameterRegistry:
                     if existing.name != name:
                         self._aliases.append(ParamEntry(name, param, module_path, mtype, alias_of=existing.name))
                     continue
-                self._by_id[id(param)] = ParamEntry(name, param, module_path, mtype)
+                holder = existing.holder if existing is not None else None
+                self._by_id[id(param)] = ParamEntry(name, param, module_path, mtype, holder=holder)
 
     def _index_optimizer(self, optimizer: torch.optim.Optimizer, index: int) -> None:
         for group_index, group in enumerate(optimizer.param_groups):
+            holder = f"opt{index}.g{group_index}"
             for param_index, param in enumerate(group.get("params", ())):
-                if id(param) not in self._by_id:
+                existing = self._by_id.get(id(param))
+                if existing is None:
                     name = f"opt{index}.g{group_index}.p{param_index}"
-                    self._by_id[id(param)] = ParamEntry(name, param, None, None)
+                    self._by_id[id(param)] = ParamEntry(name, param, None, None, holder=holder)
                     # A parameter no root named yet: modules may have been swapped.
                     self.stale = True
+                elif existing.holder is None:
+                    self._by_id[id(param)] = replace(existing, holder=holder)
 
     # -- lookups --------------------------------------------------------------------
     def name_of(self, tensor: torch.Tensor) -> str | None:
@@ -317,7 +324,8 @@ def _static_attrs(entry: ParamEntry, param: torch.Tensor, memo: "SnapshotMemo | 
     sharding marks (`PARALLEL_ATTRIBUTES`) are read when the parameter is first seen,
     which is when frameworks set them.
     """
-    key = (param.shape, param.dtype, param.device, param.requires_grad, param.is_leaf, entry.module, entry.mtype)
+    key = (param.shape, param.dtype, param.device, param.requires_grad, param.is_leaf, entry.module, entry.mtype,
+           entry.holder)
     cached = memo.static_attrs(param, key) if memo is not None else None
     if cached is not None:
         return cached
@@ -334,6 +342,8 @@ def _static_attrs(entry: ParamEntry, param: torch.Tensor, memo: "SnapshotMemo | 
         "module": entry.module,
         "mtype": entry.mtype,
     }
+    if entry.holder is not None:
+        attrs["holder"] = entry.holder
     reason = skip_reason(param)
     if reason is not None:
         attrs["digest_skipped"] = reason

@@ -131,6 +131,8 @@ def test_module_zero_grad_says_which_optimizer_it_clears(tmp_path):
     assert clears == [("Linear", ["opt1"]), ("Linear", ["opt0"])] * 2
     steps = [e["obj"] for _, e in _calls(batches, "torch.optim.Optimizer.step")]
     assert steps == ["opt1", "opt0"] * 2
+    holders = {name: attrs["holder"] for name, attrs in _states(batches, "step_end")[2].items()}
+    assert holders == {"weight": "opt0.g0", "bias": "opt0.g0", "r1.weight": "opt1.g0", "r1.bias": "opt1.g0"}
 
 
 def test_clearing_gradients_without_a_step_ends_an_iteration(tmp_path):
