@@ -360,19 +360,48 @@ class Coverage:
         }
 
 
+def training_iterations(n: int) -> str:
+    return _plural(n, "training iteration")
+
+
 def ok_line(runs: list[RunCoverage]) -> str:
     """The verdict when nothing was violated and every run trained."""
     total = sum(r.iterations for r in runs)
-    return f"OK: no violation in {_plural(total, 'training iteration')} ({' | '.join(describe_run(r) for r in runs)})"
+    return f"OK: no violation in {training_iterations(total)} ({' | '.join(describe_run(r) for r in runs)})"
 
 
-def nothing_checked_line(run: RunCoverage, violations: int) -> str:
+def nothing_checked_line(run: str, optimizer_steps: int, setup_checked: bool, violations: int = 0) -> str:
     """The verdict for a run with no training iteration: not "OK", whatever held."""
-    setup = run.setup_ranks
-    if setup:
+    if setup_checked:
         found = "no violation" if not violations else f"{_plural(violations, 'violation')}"
         where = f"setup window checked: {found}"
     else:
-        where = "no setup window either"
-    return (f"no training iteration recorded for run {run.run}: {_plural(run.optimizer_steps, 'optimizer step')}, "
+        where = "no setup window checked either"
+    return (f"no training iteration recorded for run {run}: {_plural(optimizer_steps, 'optimizer step')}, "
             f"0 training iterations ({where})")
+
+
+@dataclass(frozen=True)
+class CoverageTotals:
+    """A run's coverage as counters carry it (`serve`'s metrics, read back by `watch`):
+    totals over ranks, no per-rank breakdown (a rank is not a metric label)."""
+
+    run: str
+    world: int
+    iterations: int
+    setup_windows: int  # ranks whose setup window was checked
+    optimizer_steps: int
+    unchecked_windows: dict[str, int]
+
+
+def describe_totals(totals: CoverageTotals) -> str:
+    """``ranks 0-1; setup window checked; 0 windows unchecked`` (the iterations are the caller's to say)."""
+    parts = ["rank 0" if totals.world == 1 else f"ranks 0-{totals.world - 1}" if totals.world else "no rank"]
+    if totals.world and totals.setup_windows >= totals.world:
+        parts.append("setup window checked")
+    else:
+        parts.append(f"setup window checked on {totals.setup_windows} of {_plural(totals.world, 'rank')}")
+    unchecked = sum(totals.unchecked_windows.values())
+    parts.append(f"{_plural(unchecked, 'window')} unchecked"
+                 + (f" ({_reasons(totals.unchecked_windows)})" if unchecked else ""))
+    return "; ".join(parts)

@@ -92,7 +92,8 @@ def untrained_lines(violations: list[Violation], summary: CheckSummary) -> list[
     per_run: dict[str, int] = {}
     for v in violations:
         per_run[v.run] = per_run.get(v.run, 0) + 1
-    return [nothing_checked_line(run, per_run.get(run.run, 0)) for run in summary.coverage.untrained()]
+    return [nothing_checked_line(run.run, run.optimizer_steps, bool(run.setup_ranks), per_run.get(run.run, 0))
+            for run in summary.coverage.untrained()]
 
 
 def render_json(violations: list[Violation], summary: CheckSummary) -> dict[str, Any]:

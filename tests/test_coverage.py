@@ -202,3 +202,68 @@ def test_violation_in_a_run_that_never_trained_still_exits_one(tmp_path, ranks_o
     assert captured.out.startswith("VIOLATION at step 0 (run setup-only, ranks [1]")
     assert "coverage: run setup-only: ranks 0-1, 0 iterations each; setup window checked on rank 0 only; " \
            "1 window unchecked (missing_rank: 1)" in captured.out
+
+
+# -- watch and serve ----------------------------------------------------------------------
+def test_watch_summary_states_coverage_and_a_run_that_never_trained_exits_two(tmp_path, env):
+    trained = trainwatch("watch", "--run-id", "w-train", "--", sys.executable, script(tmp_path, "train.py", TRAIN),
+                         env=env)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert trained.stderr.strip().splitlines()[-1] == (
+        f"trainwatch watch: run w-train: no violation in {STEPS} training iterations (rank 0; setup window checked; "
+        "0 windows unchecked); training exited 0")
+
+    idle = trainwatch("watch", "--run-id", "w-eval", "--", sys.executable, script(tmp_path, "eval.py", EVAL_ONLY),
+                      env=env)
+    assert idle.returncode == 2, idle.stderr[-3000:]
+    verdicts = [line for line in idle.stderr.splitlines() if "w-eval" in line and "training exited" in line]
+    assert verdicts == ["trainwatch watch: no training iteration recorded for run w-eval: 0 optimizer steps, "
+                        "0 training iterations (setup window checked: no violation); training exited 0"]
+    kept = re.search(r"logs kept in (\S+)", idle.stderr)
+    if kept:
+        import shutil
+
+        shutil.rmtree(kept.group(1), ignore_errors=True)
+
+
+def test_serve_counts_coverage_per_run_and_logs_it_when_ranks_end(ranks_only):
+    """The checker's counters and its run-end line, fed the windows a worker closes."""
+    from prometheus_client import CollectorRegistry
+
+    from invariants.coverage import window_coverage
+    from invariants.engine import Engine, StepWindows
+    from invariants.invariant_file import load_set
+    from stream_checkers.metrics import CheckerMetrics
+
+    registry = CollectorRegistry()
+    metrics = CheckerMetrics(registry)
+    lines: list[str] = []
+
+    def closed(window):
+        line = metrics.coverage.window_closed(window_coverage(window))
+        if line:
+            lines.append(line)
+
+    windows = StepWindows(Engine(load_set(Path(ranks_only).read_text(), ranks_only)), on_close=closed, grace_steps=1)
+    end = _event("meta", what="run_end", iterations=2, optimizer_steps=2)
+    for rank in (0, 1):
+        windows.feed(_window("live", 0, rank=rank, world=2, seq=0, setup=True))
+    for rank in (0, 1):
+        windows.feed(_window("live", 1, rank=rank, world=2, seq=1, trained=True, boundary="optimizer"))
+    windows.feed(_window("live", 2, rank=0, world=2, seq=2, trained=True, boundary="optimizer"))  # rank 1 never does
+    final = [_window("live", 3, rank=rank, world=2, seq=3, final=True) for rank in (0, 1)]
+    for batch in final:
+        batch["events"].insert(-1, end)
+        windows.feed(batch)
+    windows.finish()
+
+    def value(name, **labels):
+        return registry.get_sample_value(name, {"run": "live", **labels})
+
+    assert value("trainwatch_iterations_checked_total") == 3
+    assert value("trainwatch_setup_windows_checked_total") == 2
+    assert value("trainwatch_windows_unchecked_total", reason="missing_rank") == 1
+    assert value("trainwatch_run_ranks") == 2
+    assert lines == ["coverage run=live: ranks 0-1 ended; checked by this worker: run live: ranks 0-1, "
+                     "iterations 2, 1; setup window checked; 2 windows without training checked; "
+                     "1 window unchecked (missing_rank: 1); 1 more reported by the producer but not checked"]
