@@ -267,3 +267,16 @@ def test_serve_counts_coverage_per_run_and_logs_it_when_ranks_end(ranks_only):
     assert lines == ["coverage run=live: ranks 0-1 ended; checked by this worker: run live: ranks 0-1, "
                      "iterations 2, 1; setup window checked; 2 windows without training checked; "
                      "1 window unchecked (missing_rank: 1); 1 more reported by the producer but not checked"]
+
+
+def test_a_run_that_never_trained_beside_a_healthy_one_is_not_ok(tmp_path, ranks_only, capsys):
+    from invariants.synthetic import SyntheticRun
+
+    write_trace_dir(tmp_path / "t", SyntheticRun(run="a", world=1, steps=3).batches(), prefix="a-")
+    write_trace_dir(tmp_path / "t", [_window("b", 0, seq=0, setup=True, final=True)], prefix="b-")
+    assert main(["check", "-i", ranks_only, str(tmp_path / "t")]) == 2
+    captured = capsys.readouterr()
+    assert captured.out.startswith("OK: no violation in 3 training iterations (run a: rank 0, 3 iterations; "
+                                   "setup window checked; 0 windows unchecked)\n")
+    assert captured.err == ("trainwatch check: no training iteration recorded for run b: 0 optimizer steps, "
+                            "0 training iterations (setup window checked: no violation)\n")
