@@ -14,7 +14,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from .coverage import Coverage, describe_run, nothing_checked_line, ok_line
+from .coverage import Coverage
+from .coverage_text import describe_run, nothing_checked_line, ok_line
 from .model import Violation
 from .precondition import describe_precondition
 

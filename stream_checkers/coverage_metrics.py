@@ -13,7 +13,8 @@ from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from invariants.coverage import CoverageTotals, RunCoverage, WindowCoverage, describe_run, rank_ranges
+from invariants.coverage import MISSING_RANK, RunCoverage, WindowCoverage
+from invariants.coverage_text import CoverageTotals, describe_run, rank_ranges
 
 ITERATIONS = "trainwatch_iterations_checked"
 SETUP_WINDOWS = "trainwatch_setup_windows_checked"
@@ -47,7 +48,7 @@ class CoverageMetrics:
         if window.optimizer_steps:
             self.optimizer_steps.labels(run=run).inc(window.optimizer_steps)
         if window.missing:
-            self.unchecked.labels(run=run, reason="missing_rank").inc(window.missing)
+            self.unchecked.labels(run=run, reason=MISSING_RANK).inc(window.missing)
         coverage = self._runs.get(run)
         if coverage is None:
             coverage = self._runs[run] = RunCoverage(run)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from invariants.coverage import describe_totals, nothing_checked_line, training_iterations
+from invariants.coverage_text import describe_totals, nothing_checked_line, training_iterations
 
 from .config import KafkaSecurity
 from .coverage_metrics import totals_from_samples

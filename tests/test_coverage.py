@@ -280,3 +280,15 @@ def test_a_run_that_never_trained_beside_a_healthy_one_is_not_ok(tmp_path, ranks
                                    "setup window checked; 0 windows unchecked)\n")
     assert captured.err == ("trainwatch check: no training iteration recorded for run b: 0 optimizer steps, "
                             "0 training iterations (setup window checked: no violation)\n")
+
+
+def test_uneven_ranks_of_a_large_job_are_summarised_not_listed():
+    from invariants.coverage import RankCoverage, RunCoverage
+    from invariants.coverage_text import describe_run
+
+    run = RunCoverage("big", world=16, ranks={r: RankCoverage(iterations=60 - (r == 5), setup_checked=True)
+                                               for r in range(16)})
+    assert describe_run(run) == "run big: ranks 0-15, 59-60 iterations per rank; setup window checked; " \
+                                "0 windows unchecked"
+    run.ranks = {r: run.ranks[r] for r in (0, 2, 3, 5)}
+    assert describe_run(run).startswith("run big: ranks 0,2-3,5, iterations 60, 60, 60, 59; ")
