@@ -277,7 +277,8 @@ class WatchSession:
                 samples = self.checker.metrics()
             except OSError:
                 pass
-        coverage = totals_from_samples(samples, self.options.run_id, metric)
+        # without the counters nothing says what was checked: never "no violation" then
+        coverage = totals_from_samples(samples, self.options.run_id, metric) if samples else None
         if self.follower is not None and self.follower.folder.tallies:
             print("violations by invariant:", file=self.out)
             for line in self.follower.folder.rollup():
@@ -288,9 +289,12 @@ class WatchSession:
             self.out.flush()
         invariant_violations = [v for v in violations if not str(v.get("relation", "")).startswith("Trend:")]
         trend_alerts = len(violations) - len(invariant_violations)
-        checked = f"{training_iterations(coverage.iterations)} ({describe_totals(coverage)})"
-        untrained = not invariant_violations and not coverage.iterations
-        if untrained:  # nothing a rule could judge was checked: not "no violation"
+        checked = (f"{training_iterations(coverage.iterations)} ({describe_totals(coverage)})" if coverage
+                   else "an unknown number of training iterations (the checker's metrics could not be read)")
+        untrained = not invariant_violations and (coverage is None or not coverage.iterations)
+        if untrained and coverage is None:
+            parts = [f"run {self.options.run_id}: coverage unknown: the checker's metrics could not be read"]
+        elif untrained:  # nothing a rule could judge was checked: not "no violation"
             parts = [nothing_checked_line(self.options.run_id, coverage.optimizer_steps,
                                           coverage.setup_windows > 0)]
         elif violations:

@@ -292,3 +292,20 @@ def test_uneven_ranks_of_a_large_job_are_summarised_not_listed():
                                 "0 windows unchecked"
     run.ranks = {r: run.ranks[r] for r in (0, 2, 3, 5)}
     assert describe_run(run).startswith("run big: ranks 0,2-3,5, iterations 60, 60, 60, 59; ")
+
+
+def test_watch_without_the_checkers_counters_says_coverage_is_unknown_and_exits_two():
+    """A checker whose /metrics cannot be read leaves nothing saying what was checked."""
+    import io
+    import shutil
+
+    from stream_checkers.watch_session import WatchOptions, WatchSession
+
+    err = io.StringIO()
+    session = WatchSession(WatchOptions(command=["true"], run_id="r"), out=io.StringIO(), err=err)
+    try:
+        assert session._summary(training_rc=0, interrupted=False) == 2
+    finally:
+        shutil.rmtree(session.workdir, ignore_errors=True)
+    assert err.getvalue() == ("trainwatch watch: run r: coverage unknown: the checker's metrics could not be read; "
+                              "training exited 0\n")
