@@ -235,15 +235,18 @@ class StepWindows:
     Replaying trace files merged in step order (`replay`) turns it off and uses
     ``grace_steps=1`` instead, because worker processes of a rank (DataLoader workers)
     write their own files whose batches for a step may come after the rank's step end.
-    ``on_close`` sees every closed window before it is evicted (inference uses it).
+    ``on_close`` sees every closed window before it is evicted (inference uses it);
+    ``on_unfinished`` every window `finish` drops unjudged (coverage counts them).
     """
 
     def __init__(self, engine: Engine, *, grace_steps: int | None = None, close_when_complete: bool = True,
-                 on_close: Callable[[WindowState], None] | None = None) -> None:
+                 on_close: Callable[[WindowState], None] | None = None,
+                 on_unfinished: Callable[[WindowState], None] | None = None) -> None:
         self.engine = engine
         self.grace_steps = grace_steps
         self.close_when_complete = close_when_complete
         self.on_close = on_close
+        self.on_unfinished = on_unfinished
         self.windows: dict[tuple[str, int], WindowState] = {}
         self.runs: dict[str, RunState] = {}
         self.newest_step: dict[str, int] = {}
@@ -310,7 +313,9 @@ class StepWindows:
         """
         tails = [k for k, w in self.windows.items() if not any(f["ended"] for f in w.ranks.values())]
         for key in tails:
-            del self.windows[key]
+            window = self.windows.pop(key)
+            if self.on_unfinished is not None:
+                self.on_unfinished(window)
         self.partial_windows += len(tails)
         return self.expire()
 

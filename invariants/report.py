@@ -14,6 +14,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from .coverage import Coverage
+from .coverage_text import describe_run, nothing_checked_line, ok_line
 from .model import Violation
 from .precondition import describe_precondition
 
@@ -29,6 +31,7 @@ class CheckSummary:
     partial_windows: int = 0
     truncated: list[tuple[str, int]] = field(default_factory=list)
     source: str = ""
+    coverage: Coverage = field(default_factory=Coverage)
 
 
 def _group(violations: list[Violation]) -> list[dict[str, Any]]:
@@ -57,13 +60,15 @@ def render_text(violations: list[Violation], summary: CheckSummary, precondition
     lines: list[str] = []
     for path, offset in summary.truncated:
         lines.append(f"note: {path}: torn last record at byte offset {offset} was skipped (writer killed?)")
-    if summary.partial_windows:
-        lines.append(f"note: {summary.partial_windows} trailing step(s) that no rank finished were not checked")
     checked = (f"checked {summary.windows} step windows ({summary.events} events) of run(s) "
                f"{', '.join(summary.runs) or '-'} against {summary.invariants} invariants")
     if not violations:
-        lines.append(f"OK: no violation; {checked}")
-        return "\n".join(lines) + "\n"
+        # a run without a training iteration gets no "OK": the caller says so and exits 2
+        trained = summary.coverage.trained()
+        if trained:
+            lines.append(ok_line(trained))
+            lines.append(f"  {checked}")
+        return "\n".join(lines) + "\n" if lines else ""
     ordered = sorted(violations, key=Violation.sort_key)
     first = ordered[0]
     lines.append(f"VIOLATION at step {first.step} (run {first.run}, ranks {first.ranks or '-'}, stage {first.stage or '-'})")
@@ -79,7 +84,17 @@ def render_text(violations: list[Violation], summary: CheckSummary, precondition
     for g in groups:
         steps = f"step {g['first_step']}" if g["first_step"] == g["last_step"] else f"steps {g['first_step']}..{g['last_step']}"
         lines.append(f"  - {g['description']}: {g['count']}x, {steps}, ranks {sorted(g['ranks'])} [{g['relation']} {g['invariant']}]")
+    lines.extend(f"coverage: {describe_run(run)}" for run in summary.coverage.runs.values())
     return "\n".join(lines) + "\n"
+
+
+def untrained_lines(violations: list[Violation], summary: CheckSummary) -> list[str]:
+    """One line per run that recorded no training iteration (the verdict is then not "OK")."""
+    per_run: dict[str, int] = {}
+    for v in violations:
+        per_run[v.run] = per_run.get(v.run, 0) + 1
+    return [nothing_checked_line(run.run, run.optimizer_steps, bool(run.setup_ranks), per_run.get(run.run, 0))
+            for run in summary.coverage.untrained()]
 
 
 def render_json(violations: list[Violation], summary: CheckSummary) -> dict[str, Any]:
@@ -98,6 +113,7 @@ def render_json(violations: list[Violation], summary: CheckSummary) -> dict[str,
             "late_batches": summary.late_batches,
             "partial_windows": summary.partial_windows,
             "truncated": [{"file": p, "offset": o} for p, o in summary.truncated],
+            "coverage": summary.coverage.to_dict(len(ordered)),
             "by_invariant": [
                 {"invariant": g["invariant"], "relation": g["relation"], "description": g["description"],
                  "occurrences": g["count"], "first_step": g["first_step"], "last_step": g["last_step"],
@@ -113,6 +129,7 @@ _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2rem;color:#1d232a;max-width:70rem}
 h1{font-size:1.4rem}h2{font-size:1.1rem;margin-top:2rem}
 .ok{background:#e8f6ec;border-left:4px solid #2e9e50;padding:.8rem 1rem}
+.nothing{background:#fff6e0;border-left:4px solid #d08a00;padding:.8rem 1rem}
 .first{background:#fdecea;border-left:4px solid #c62828;padding:.8rem 1rem}
 .first dt{font-weight:600;margin-top:.4rem}.first dd{margin-left:1rem}
 table{border-collapse:collapse;width:100%;font-size:.9rem}th,td{border-bottom:1px solid #ddd;padding:.35rem .5rem;text-align:left;vertical-align:top}
@@ -132,8 +149,14 @@ def render_html(violations: list[Violation], summary: CheckSummary, precondition
     ]
     for path, offset in summary.truncated:
         parts.append(f"<p class='muted'>Torn last record skipped: {esc(path)} at byte offset {offset}.</p>")
+    parts.append("<h2>Coverage</h2><ul class='coverage'>"
+                 + "".join(f"<li>{esc(describe_run(run))}</li>" for run in summary.coverage.runs.values()) + "</ul>")
+    untrained = untrained_lines(ordered, summary)
     if not ordered:
-        parts.append("<p class='ok'>No violation: every invariant held at every step.</p></body></html>")
+        if untrained:
+            parts.append("".join(f"<p class='nothing'>{esc(line)}</p>" for line in untrained) + "</body></html>")
+        else:
+            parts.append("<p class='ok'>No violation: every invariant held at every step checked.</p></body></html>")
         return "".join(parts)
     first = ordered[0]
     applies = ""

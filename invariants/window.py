@@ -29,6 +29,7 @@ from typing import Any, Iterable
 
 import msgpack
 
+from .coverage import OPTIMIZER_STEP_API, note_meta, note_step_end
 from .events import DATALOADER_WORKERS_META, WORKER_INIT_API
 from .wire import UNSET, payload, wire_types
 
@@ -163,6 +164,8 @@ class WindowState:
                     reported = facts.setdefault("worker_pids", [])
                     if event.pid not in reported:
                         reported.append(event.pid)
+                elif api == OPTIMIZER_STEP_API and phase == "pre":  # coverage of producers without `trained`
+                    facts["optimizer_steps"] = facts.get("optimizer_steps", 0) + 1
                 if keep_links and phase == "pre":
                     parent = event.parent
                     links[key] = None if parent is None else f"{event.pid}:{parent}"
@@ -188,10 +191,13 @@ class WindowState:
                 if event.phase == "end":
                     facts["ended"] = True
                     facts["stage"] = event.stage
+                    note_step_end(facts, event)
             elif event.what == DATALOADER_WORKERS_META:
                 announced = event.workers
                 if announced.__class__ is int and announced > 0:
                     facts["workers_expected"] = facts.get("workers_expected", 0) + announced
+            else:
+                note_meta(facts, event)
         # until the step ends, a rank's stage is that of its latest event
         if not facts["ended"] and events and events[-1].stage:
             facts["stage"] = events[-1].stage

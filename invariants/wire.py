@@ -80,9 +80,15 @@ class StateEvent(_Envelope, tag="state"):
 
 
 class StepEvent(_Envelope, tag="step"):
+    """``setup``/``trained``/``boundary`` say what the window held (the run model's
+    setup window and training iterations); producers before it send none of them."""
+
     KIND: ClassVar[str] = "step"
     phase: Literal["begin", "end"]
     final: Any = None
+    setup: Any = None
+    trained: Any = None
+    boundary: Any = None
 
 
 class MetaEvent(_Envelope, tag="meta"):
@@ -93,6 +99,11 @@ class MetaEvent(_Envelope, tag="meta"):
     workers: Any = None
     dropped_events: Any = None
     dropped_batches: Any = None
+    #: ``run_end``: what the process did, for the coverage of a verdict
+    iterations: Any = None
+    optimizer_steps: Any = None
+    #: ``run_start``: recording settings (``sample_every``)
+    config: Any = None
 
     def stats(self) -> dict[str, Any]:
         """The producer counters of a ``producer_stats`` event, as the metrics read them."""

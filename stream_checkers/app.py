@@ -365,6 +365,7 @@ class StreamChecker:
         missing_ranks = forced and bool(self.engine.missing_ranks(window))
         missing_workers = forced and self.engine.missing_workers(window) > 0
         run_key, run_state = self._run_state(record.run, record.partition)
+        coverage = self.engine.coverage(window)
         violations = self.engine.evaluate(window, run_state)
         elapsed = time.perf_counter() - started
         self.engine.compact_run_state(run_state)
@@ -401,8 +402,11 @@ class StreamChecker:
             await self._settle([self.app.producer.flush()], "producer flush")
         self.metrics.window_closed(record.run, record.step, missing_ranks=missing_ranks,
                                    missing_workers=missing_workers, seconds=elapsed)
+        coverage_line = self.metrics.coverage.window_closed(coverage)
         for violation in fresh:
             self._report(violation)
+        if coverage_line:
+            print(coverage_line, file=self.out, flush=True)
 
     async def _settle(self, waits: list[Any], what: str) -> None:
         """Wait for deliveries, but never indefinitely.

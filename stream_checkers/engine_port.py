@@ -72,6 +72,12 @@ class EnginePort:
         """Announced DataLoader workers of the window that have not reported."""
         return int(window.missing_workers())
 
+    def coverage(self, window: Any) -> Any:
+        """What the window checked (`invariants.coverage.WindowCoverage`), read before it is evaluated."""
+        from invariants.coverage import window_coverage
+
+        return window_coverage(window)
+
     def evaluate(self, window: Any, run_state: Any) -> list[dict[str, Any]]:
         return [violation.to_dict() for violation in self.engine.evaluate(window, run_state)]
 

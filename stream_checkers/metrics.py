@@ -20,6 +20,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from trainwatch import __version__
 
+from .coverage_metrics import CoverageMetrics
+
 
 @dataclass
 class CumulativeToIncrements:
@@ -122,6 +124,7 @@ class CheckerMetrics:
             ["version"], registry=registry,
         )
         self.build_info.labels(version=__version__).set(1)
+        self.coverage = CoverageMetrics(registry)
         self._dropped_events = CumulativeToIncrements()
         self._dropped_batches = CumulativeToIncrements()
         self._first_violation: dict[str, int] = {}

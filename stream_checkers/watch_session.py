@@ -22,7 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from invariants.coverage_text import describe_totals, nothing_checked_line, training_iterations
+
 from .config import KafkaSecurity
+from .coverage_metrics import totals_from_samples
 from .report import decode_violation
 from .violation_fold import RepeatFolder
 from .supervisor import CheckerProcess, TopicReader, metric
@@ -268,12 +271,14 @@ class WatchSession:
 
     def _summary(self, training_rc: int | None, interrupted: bool) -> int:
         violations = list(self.follower.seen.values()) if self.follower else []
-        steps = 0.0
+        samples: dict[str, float] = {}
         if self.checker is not None and self.checker.running:
             try:
-                steps = metric(self.checker.metrics(), "trainwatch_steps_checked_total", run=self.options.run_id)
+                samples = self.checker.metrics()
             except OSError:
                 pass
+        # without the counters nothing says what was checked: never "no violation" then
+        coverage = totals_from_samples(samples, self.options.run_id, metric) if samples else None
         if self.follower is not None and self.follower.folder.tallies:
             print("violations by invariant:", file=self.out)
             for line in self.follower.folder.rollup():
@@ -284,16 +289,24 @@ class WatchSession:
             self.out.flush()
         invariant_violations = [v for v in violations if not str(v.get("relation", "")).startswith("Trend:")]
         trend_alerts = len(violations) - len(invariant_violations)
-        parts = [f"run {self.options.run_id}: {int(steps)} step(s) checked"]
-        if violations:
+        checked = (f"{training_iterations(coverage.iterations)} ({describe_totals(coverage)})" if coverage
+                   else "an unknown number of training iterations (the checker's metrics could not be read)")
+        untrained = not invariant_violations and (coverage is None or not coverage.iterations)
+        if untrained and coverage is None:
+            parts = [f"run {self.options.run_id}: coverage unknown: the checker's metrics could not be read"]
+        elif untrained:  # nothing a rule could judge was checked: not "no violation"
+            parts = [nothing_checked_line(self.options.run_id, coverage.optimizer_steps,
+                                          coverage.setup_windows > 0)]
+        elif violations:
             first = min(violations, key=lambda v: (v.get("step") or 0))
             kinds = len({v.get("invariant") for v in invariant_violations})
-            parts.append(f"{len(invariant_violations)} violation(s) of {kinds} invariant(s)")
+            parts = [f"run {self.options.run_id}: {len(invariant_violations)} violation(s) of {kinds} invariant(s)"]
             if trend_alerts:
                 parts.append(f"{trend_alerts} trend alert(s)")
             parts.append(f"first at step {first.get('step')} [{first.get('relation')}]")
+            parts.append(f"in {checked}")
         else:
-            parts.append("no violation")
+            parts = [f"run {self.options.run_id}: no violation in {checked}"]
         if training_rc is not None:
             parts.append("training exited 0" if training_rc == 0 else f"training FAILED with exit code {training_rc}")
         self.say("; ".join(parts))
@@ -307,7 +320,7 @@ class WatchSession:
             return EXIT_VIOLATIONS
         if interrupted:
             return 130
-        if training_rc not in (0, None):
+        if training_rc not in (0, None) or untrained:
             return EXIT_USAGE
         return EXIT_OK
 

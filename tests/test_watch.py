@@ -63,6 +63,7 @@ def test_watch_reports_a_cross_rank_divergence_on_topic_metrics_and_console(kafk
     assert any("[Consistent]" in line and "run=ddp-bug" in line for line in lines)
     assert "run      ddp-bug" in result.stderr and "embedded" not in result.stderr
     assert "violation(s)" in result.stderr.splitlines()[-1]
+    assert "in 12 training iterations (ranks 0-1; setup window checked; " in result.stderr.splitlines()[-1]
 
     records = [v for v in iter_violations(read_topic(kafka_broker.bootstrap, "trainwatch.violations"))
                if v["run"] == "ddp-bug" and v["relation"] == "Consistent"]
@@ -80,7 +81,8 @@ def test_watch_on_the_healthy_job_exits_0_with_an_embedded_broker_and_keeps_trac
     assert "VIOLATION" not in result.stdout
     assert "embedded tansu broker" in result.stderr
     summary = result.stderr.strip().splitlines()[-1]
-    assert "run ddp-ok" in summary and "no violation" in summary and "training exited 0" in summary
+    assert summary == ("trainwatch watch: run ddp-ok: no violation in 12 training iterations (ranks 0-1; "
+                       "setup window checked; 0 windows unchecked); training exited 0")
     assert len(list(traces.glob("*.twtrace"))) == 2
 
 

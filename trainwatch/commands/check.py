@@ -1,7 +1,8 @@
 """`trainwatch check [-i INVARIANTS.json] TRACE_DIR [--report-json F] [--report-html F]`.
 
 Replays trace files through the same engine the streaming checker drives.  Exit codes:
-0 no violation, 1 violations, 2 bad usage or unreadable input (one-line reason).
+0 no violation, 1 violations, 2 bad usage, unreadable input, or nothing to judge: no
+batch at all, or a run without a training iteration (one-line reason each).
 """
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ def _fail(message: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from invariants.coverage import LATE_BATCH, Coverage
     from invariants.engine import Engine, StepWindows
     from invariants.invariant_file import InvariantFileError, load_default_set, load_set
-    from invariants.report import CheckSummary, preconditions_by_id, render_html, render_json, render_text
+    from invariants.report import (CheckSummary, preconditions_by_id, render_html, render_json, render_text,
+                                   untrained_lines)
     from invariants.wire import wire_types
 
     from ..tracedir import TraceDirError, TraceReadReport, read_trace_dir
@@ -50,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
 
     # files are merged in step order: a window is complete once the replay passes its step
     engine = Engine(invariant_set)
-    windows = StepWindows.replay(engine)
+    coverage = Coverage()
+    windows = StepWindows.replay(engine, on_close=coverage.window_closed, on_unfinished=coverage.window_unfinished)
     wire = wire_types(engine.plan.kept_attrs())  # decodes only what the deployed invariants read
     report = TraceReadReport()
     violations = []
@@ -59,16 +63,24 @@ def run(args: argparse.Namespace) -> int:
         for batch in read_trace_dir(args.trace_dir, report, decode=wire.decode):
             if batch.run not in runs:
                 runs.append(batch.run)
+            coverage.sequence.see(batch.run, batch.rank, batch.pid, batch.seq)
+            late = windows.late_batches
             violations.extend(windows.feed(batch))
+            if windows.late_batches > late:
+                coverage.run(batch.run).note_lost(LATE_BATCH, 1)
     except TraceDirError as exc:
         return _fail(str(exc))
+    if not runs:
+        return _fail(f"{args.trace_dir}: no batch in {len(report.files)} trace file(s) (empty or header-only): "
+                     "nothing to check")
     violations.extend(windows.finish())
+    coverage.finish()
 
     summary = CheckSummary(
         invariants=len(invariant_set), runs=runs, batches=report.batches, events=report.events,
         windows=sum(r.windows_closed for r in windows.runs.values()), late_batches=windows.late_batches,
         partial_windows=windows.partial_windows,
-        truncated=report.truncated, source=str(args.trace_dir),
+        truncated=report.truncated, source=str(args.trace_dir), coverage=coverage,
     )
     pres = preconditions_by_id(invariant_set.invariants)
     sys.stdout.write(render_text(violations, summary, pres))
@@ -80,4 +92,9 @@ def run(args: argparse.Namespace) -> int:
             Path(args.report_html).write_text(render_html(violations, summary, pres), encoding="utf-8")
     except OSError as exc:
         return _fail(f"cannot write report: {exc.strerror or exc}")
-    return EXIT_VIOLATIONS if violations else EXIT_OK
+    if violations:
+        return EXIT_VIOLATIONS
+    untrained = untrained_lines(violations, summary)
+    for line in untrained:
+        print(f"trainwatch check: {line}", file=sys.stderr)
+    return EXIT_UNREADABLE if untrained else EXIT_OK
