@@ -3,11 +3,100 @@ noisy alerts, and the command line a new user meets first."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from faust.types.tuples import Message
 
 from invariants.step_summary import StepSummary
 from invariants.trends import TrendMonitor, TrendRules
+from producers.redaction import ENV_RECORD_FULL_ARGV, REDACTED, redact_argv
+from producers.report import read_trace_dir
+from stream_checkers.dead_letter import DEAD_LETTER_PREFIX_BYTES, dead_letter_record
+
+ROOT = Path(__file__).resolve().parents[1]
+SECRET = "sk-proj-Zq7Lm2Xv9Rt4Kp8Wn3Bc6Hd1Fg5Js0Ay"
+TINY_TRAINING = """
+import torch
+model = torch.nn.Linear(2, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(2):
+    optimizer.zero_grad()
+    model(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+"""
+
+
+def _cli(args: list[str], env: dict[str, str], cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "trainwatch.cli", *args], env=env, cwd=cwd or ROOT,
+                          capture_output=True, text=True, timeout=180)
+
+
+# -- secrets: nothing secret leaves the training process by default ----------------------------
+@pytest.mark.parametrize("argv, expected", [
+    (["--api-key", SECRET, "--lr", "0.1"], ["--api-key", REDACTED, "--lr", "0.1"]),
+    (["--hf-token=hf_abcdefghijklmnopqrstuvwxyz12", "--tokenizer", "gpt2", "--max-tokens", "5"],
+     [f"--hf-token={REDACTED}", "--tokenizer", "gpt2", "--max-tokens", "5"]),
+    (["--password", "hunter2", "--client-secret", "s3cr3t", "--secret=x"],
+     ["--password", REDACTED, "--client-secret", REDACTED, f"--secret={REDACTED}"]),
+    (["WANDB_API_KEY=abc", "db.password=pw", "+trainer.max_epochs=3", "key=column"],
+     [f"WANDB_API_KEY={REDACTED}", f"db.password={REDACTED}", "+trainer.max_epochs=3", "key=column"]),
+    (["--data", "https://alice:pw@example.org:8443/set?token=t0k&page=2"],
+     ["--data", f"https://alice:{REDACTED}@example.org:8443/set?token={REDACTED}&page=2"]),
+    ([f"--notes=use {SECRET} here", "ghp_" + "a1B2" * 9, "eyJhbGciOiJI.eyJzdWIiOiIx.SflKxwRJSMeKKF2QT4"],
+     [f"--notes=use {REDACTED} here", REDACTED, REDACTED]),
+    (["x" * 8 + "Q7fK2pL9zR4mW8vB3nH6tY1cJ5gD0sA" + "e", "/ckpt/ResNet50Weights/Epoch12Step34567/model.pt",
+      "resnet50_imagenet_bs256_lr01_warmup5_cosine", "deadbeef" * 5],
+     [REDACTED, "/ckpt/ResNet50Weights/Epoch12Step34567/model.pt",
+      "resnet50_imagenet_bs256_lr01_warmup5_cosine", "deadbeef" * 5]),
+    (["--token", "--lr", "0.1"], ["--token", "--lr", "0.1"]),  # a flag, not a value, follows
+])
+def test_argv_secrets_are_redacted_and_the_rest_is_kept(argv, expected):
+    assert redact_argv(["train.py", *argv]) == ["train.py", *expected]
+
+
+def _run_start_argv(trace_dir: Path) -> list[str]:
+    batches = [b for file_batches in read_trace_dir(trace_dir).values() for b in file_batches]
+    starts = [e for b in batches for e in b["events"] if e["kind"] == "meta" and e["what"] == "run_start"]
+    assert len(starts) == 1
+    return starts[0]["argv"]
+
+
+def test_collect_records_argv_without_secrets_unless_full_argv_is_opted_in(tmp_path, clean_env):
+    script = tmp_path / "train.py"
+    script.write_text(TINY_TRAINING)
+    args = ["--api-key", SECRET, f"--url=https://bob:hunter2@db.example.org/x", "--lr", "0.1"]
+    redacted = _cli(["collect", "-o", str(tmp_path / "redacted"), "--run-id", "safe", "--",
+                     sys.executable, str(script), *args], clean_env)
+    assert redacted.returncode == 0, redacted.stderr
+    assert _run_start_argv(tmp_path / "redacted")[1:] == [
+        "--api-key", REDACTED, f"--url=https://bob:{REDACTED}@db.example.org/x", "--lr", "0.1"]
+    trace_bytes = b"".join(p.read_bytes() for p in (tmp_path / "redacted").glob("*.twtrace"))
+    assert SECRET.encode() not in trace_bytes and b"hunter2" not in trace_bytes
+
+    full = _cli(["collect", "-o", str(tmp_path / "full"), "--run-id", "full", "--",
+                 sys.executable, str(script), *args], {**clean_env, ENV_RECORD_FULL_ARGV: "1"})
+    assert full.returncode == 0, full.stderr
+    assert _run_start_argv(tmp_path / "full")[1:] == args
+
+
+def test_dead_letter_record_keeps_a_short_prefix_and_a_digest_not_the_input():
+    value = b"\x81\xa4argv" + SECRET.encode() * 2000  # ~78 KB of someone's data
+    message = Message("trainwatch.events", 3, 41, 1.5, 0, [], b"run:0", value, None)
+    record = dead_letter_record(message, "oversized", "too big", checker="c", at=2.0).to_dict()
+    assert len(record["value"]) == DEAD_LETTER_PREFIX_BYTES and value.startswith(record["value"])
+    assert record["value_size"] == len(value) and record["value_truncated"] is True
+    assert record["value_sha256"] == hashlib.sha256(value).hexdigest()
+    assert (record["topic"], record["partition"], record["offset"], record["key"]) == \
+        ("trainwatch.events", 3, 41, b"run:0")
+    small = dead_letter_record(Message("t", 0, 0, None, 0, [], None, b"\xc1", None), "undecodable", "x" * 10_000,
+                               checker="c", at=0.0)
+    assert small.value == b"\xc1" and small.value_truncated is False and len(small.error) <= 500
 
 
 # -- trend monitor: noise around a small loss is not a spike ---------------------------------
