@@ -512,6 +512,7 @@ class StreamChecker:
             if self._grace_expired(now, last_batch_at, newest_producer_ts, partition):
                 await self._request(key, partition, b"close", now)
         if self._ticks % RESCAN_EVERY_TICKS == 1:
+            self.metrics.forget_expired_runs()  # bounds the run label: series of ended/idle runs go
             retention = self.config.closed_retention_seconds
             for key, (closed_at, partition) in list(self._closed.items()):
                 if now - closed_at >= retention:

@@ -137,3 +137,87 @@ def test_repeated_spikes_within_the_cooldown_alert_once():
     for onset in (5_000, 5_020, 5_040):  # three bursts of six high steps, 20 steps apart
         losses[onset:onset + 6] = [1.5] * 6
     assert [step for step in _spike_alerts(losses) if step >= 5_000] == [5_002]
+
+
+# -- metrics: the run label stays bounded ------------------------------------------------------
+class _Clock:
+    """Seconds that the test advances by hand: retention spans hours."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _exposition(registry) -> bytes:
+    from prometheus_client import generate_latest
+
+    return generate_latest(registry)
+
+
+def _runs_in(exposition: bytes) -> set[str]:
+    import re
+
+    return set(re.findall(rb'run="([^"]*)"', exposition))
+
+
+def _checked_run(metrics, run: str, *, ended: bool) -> None:
+    metrics.run_liveness(run, True)
+    metrics.batch_consumed(run, 12, None)
+    metrics.event_time(run, 1_700_000_000_000_000_000)
+    metrics.producer_stats(run, (0, 1234), {"dropped_events": 3, "dropped_batches": 1})
+    metrics.window_closed(run, 7, missing_ranks=True, seconds=0.001, missing_workers=True)
+    metrics.late_batch(run)
+    metrics.violation(run, "Consistent", "inv-1", 7)
+    metrics.trend_alert(run, "loss_spike")
+    if ended:
+        metrics.run_liveness(run, False)
+
+
+def test_series_of_thousands_of_ended_runs_are_removed_after_the_retention():
+    from prometheus_client import CollectorRegistry
+
+    from stream_checkers.metrics import CheckerMetrics
+    from stream_checkers.run_retention import RunRetention
+
+    clock = _Clock()
+    empty = len(_exposition(CheckerMetrics(CollectorRegistry()).registry))
+    registry = CollectorRegistry()
+    metrics = CheckerMetrics(registry, RunRetention(ended_retention_s=600, max_runs=5000), clock=clock)
+    for index in range(3000):
+        _checked_run(metrics, f"run-{index}", ended=True)
+    full = _exposition(registry)
+    assert len(_runs_in(full)) == 3000
+    clock.now += 599
+    assert metrics.forget_expired_runs() == 0  # still within the retention: scraped and alertable
+    metrics.run_liveness("run-5", True)  # a run that starts again is live, not ended
+    clock.now += 1
+    assert metrics.forget_expired_runs() == 2999
+    after = _exposition(registry)
+    assert _runs_in(after) == {b"run-5"}
+    assert len(after) < empty + 4096 < len(full) // 100
+
+
+def test_run_label_is_bounded_by_least_recently_active_eviction_and_idle_runs_go():
+    from prometheus_client import CollectorRegistry
+
+    from stream_checkers.metrics import CheckerMetrics
+    from stream_checkers.run_retention import RunRetention
+
+    clock = _Clock()
+    registry = CollectorRegistry()
+    metrics = CheckerMetrics(registry, RunRetention(idle_retention_s=3600, max_runs=100), clock=clock)
+    for index in range(3000):  # runs that never announce their end (killed jobs)
+        clock.now += 0.01
+        _checked_run(metrics, f"run-{index}", ended=False)
+        if index % 50 == 0:
+            metrics.batch_consumed("run-keeps-going", 1, None)
+    runs = _runs_in(_exposition(registry))
+    assert len(runs) == 100 and b"run-2999" in runs and b"run-keeps-going" in runs and b"run-0" not in runs
+    # an evicted run that shows up again counts from zero, as a restarted checker would
+    metrics.producer_stats("run-0", (0, 1234), {"dropped_events": 3})
+    assert registry.get_sample_value("trainwatch_producer_dropped_events_total", {"run": "run-0"}) == 3
+    clock.now += 3600
+    assert metrics.forget_expired_runs() == 100
+    assert _runs_in(_exposition(registry)) == set()
