@@ -221,3 +221,113 @@ def test_run_label_is_bounded_by_least_recently_active_eviction_and_idle_runs_go
     clock.now += 3600
     assert metrics.forget_expired_runs() == 100
     assert _runs_in(_exposition(registry)) == set()
+
+
+# -- runs are never mixed: collect -o and check ------------------------------------------------
+def _synthetic_trace(directory: Path, run: str, *, seed: int = 0, prefix: str = "") -> Path:
+    from invariants.synthetic import SyntheticRun
+    from trainwatch.tracedir import write_trace_dir
+
+    write_trace_dir(directory, SyntheticRun(run=run, world=2, steps=6, seed=seed).batches(), prefix=prefix)
+    return directory
+
+
+def test_collect_refuses_a_trace_directory_holding_another_run(tmp_path, clean_env):
+    script = tmp_path / "train.py"
+    script.write_text(TINY_TRAINING)
+    traces = _synthetic_trace(tmp_path / "traces", "yesterday", prefix="yesterday-")
+    before = sorted(p.name for p in traces.iterdir())
+    refused = _cli(["collect", "-o", str(traces), "--run-id", "today", "--", sys.executable, str(script)], clean_env)
+    assert refused.returncode == 2
+    assert refused.stderr.count("\n") == 1 and "run yesterday (2 files)" in refused.stderr, refused.stderr
+    assert sorted(p.name for p in traces.iterdir()) == before  # nothing ran, nothing written
+
+    resumed = _cli(["collect", "-o", str(traces), "--run-id", "yesterday", "--", sys.executable, str(script)],
+                   clean_env)  # the same run may add to its own directory (a resumed job)
+    assert resumed.returncode == 0, resumed.stderr
+    assert len(list(traces.glob("*.twtrace"))) == 3
+
+
+def test_check_of_a_directory_with_two_runs_reports_each_run(tmp_path, capsys):
+    from trainwatch.cli import main
+
+    _synthetic_trace(tmp_path / "mixed", "run-a", prefix="a-")
+    _synthetic_trace(tmp_path / "mixed", "run-b", seed=1, prefix="b-")
+    assert main(["check", str(tmp_path / "mixed")]) == 0
+    out = capsys.readouterr().out
+    first = out.splitlines()[0]
+    assert first.startswith("note: the traces hold 2 runs, checked separately:")
+    assert "run run-a: 6 step windows, 0 violation(s)" in first and "run run-b: 6 step windows" in first
+    assert main(["check", str(_synthetic_trace(tmp_path / "single", "run-c"))]) == 0
+    assert "note: the traces hold" not in capsys.readouterr().out
+
+
+# -- the command line a new user meets first ---------------------------------------------------
+def test_bare_trainwatch_prints_usage_and_errors_name_the_program_once(capsys):
+    from trainwatch.cli import main
+
+    assert main([]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: trainwatch") and "collect" in err and "watch" in err
+    with pytest.raises(SystemExit) as exited:
+        main(["bogus"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("trainwatch: error: argument COMMAND: invalid choice") and "trainwatch trainwatch" not in err
+
+
+def test_watch_and_serve_help_show_the_command_and_the_defaults(capsys):
+    from trainwatch.cli import main
+
+    for command in ("watch", "serve"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+    out = " ".join(capsys.readouterr().out.split())  # help text is wrapped at any width
+    assert "usage: trainwatch watch [options] -- CMD..." in out
+    for default in ("(default: 9464;", "(default: 127.0.0.1;", "(default: 3 s;", "(default: trainwatch-checker;",
+                    "(default: 16777216;", "(default: WARNING;"):
+        assert default in out
+
+
+def test_check_report_into_a_missing_directory_fails_before_any_verdict(tmp_path, capsys):
+    from trainwatch.cli import main
+
+    traces = _synthetic_trace(tmp_path / "traces", "run-a")
+    report = tmp_path / "no-such-dir" / "report.html"
+    assert main(["check", str(traces), "--report-html", str(report)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # no "OK" first
+    assert captured.err.count("\n") == 1 and str(report) in captured.err
+
+
+def test_shared_reminder_line_has_balanced_parentheses():
+    from stream_checkers.violation_fold import RepeatFolder
+
+    folder = RepeatFolder()
+    lines = []
+    for step in (3, 4):
+        lines += folder.lines_for_step([
+            {"id": f"{inv}:{step}", "run": "r", "step": step, "ranks": [0], "relation": "Consistent",
+             "invariant": inv, "description": inv} for inv in ("inv-a", "inv-b")])
+    shared = [line for line in lines if "still violated: 2 invariants" in line]
+    single = RepeatFolder()
+    single_lines = [line for step in (3, 4) for line in single.lines_for_step([
+        {"id": f"x:{step}", "run": "r", "step": step, "ranks": [0], "relation": "Consistent", "invariant": "x",
+         "description": "x"}])]
+    for line in shared + single_lines[1:]:
+        assert "still violated" in line and line.count("(") == line.count(")"), line
+    assert len(shared) == 1
+
+
+def test_pyproject_license_is_an_spdx_string_that_setuptools_reads_without_warnings():
+    import tomllib
+    import warnings
+
+    from setuptools.config.pyprojecttoml import read_configuration
+
+    pyproject = ROOT / "pyproject.toml"
+    assert tomllib.loads(pyproject.read_text())["project"]["license"] == "Apache-2.0"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        read_configuration(pyproject, expand=False)
+    assert not [w for w in caught if "license" in str(w.message).lower()]
