@@ -62,7 +62,7 @@ RULES = (
 
 @dataclass(frozen=True)
 class TrendRules:
-    """Thresholds; the defaults follow SageMaker Debugger's built-in rule defaults."""
+    """Thresholds; the defaults follow SageMaker Debugger's built-in rules, except the robust loss spike."""
 
     spike_factor: float = 3.0
     spike_window: int = 50
@@ -80,7 +80,7 @@ class TrendRules:
     vanish_steps: int = 3
     max_update_ratio: float = 10.0
     min_update_ratio: float = 1e-8
-    history: int = 128  # >= 2 * plateau_steps
+    history: int = 128  # >= 2 * plateau_steps and >= spike_window + spike_persist
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "TrendRules":
