@@ -9,8 +9,12 @@ Rules (thresholds in `TrendRules`):
 
 ``nonfinite_loss``        the loss is NaN or infinite.
 ``nonfinite_gradients``   some gradient norm is NaN or infinite.
-``loss_spike``            the loss exceeds ``spike_factor`` × the median of the
-                          previous ``spike_window`` finite losses.
+``loss_spike``            the median of the last ``spike_persist`` losses exceeds the
+                          median of the ``spike_window`` losses before them by a factor
+                          of ``spike_factor``, by ``spike_mad_factor`` median absolute
+                          deviations, and by ``spike_min_rise`` of the run's loss scale
+                          (the highest such median seen); then quiet for
+                          ``spike_cooldown`` steps.
 ``loss_not_decreasing``   over two consecutive blocks of ``plateau_steps`` steps the
                           mean loss fell by less than ``min_relative_decrease``.
 ``exploding_gradient``    the total grad norm exceeds ``max_grad_norm`` or
@@ -26,6 +30,13 @@ not one per remaining step.  Summaries may arrive out of order (steps of one run
 checked on different partitions), so the monitor keeps a short step-sorted history and
 judges each step against the steps before it; a step it has already seen is ignored,
 which makes replays after a checker restart harmless.  All state is a plain dict.
+
+Why the spike rule is robust rather than a plain ratio: a per-batch loss near
+convergence is heavy-tailed noise around a small median (a healthy MLP's loss at
+0.04 regularly has batches at 0.3), so "3 x the recent median" fired on about one
+step in ten.  A spike a person must act on lasts several steps, rises far beyond the
+noise, and is large next to what the loss was at the start; one alert per episode,
+rate-limited, is what stays unmuted.
 """
 
 from __future__ import annotations
@@ -51,11 +62,15 @@ RULES = (
 
 @dataclass(frozen=True)
 class TrendRules:
-    """Thresholds; the defaults follow SageMaker Debugger's built-in rule defaults."""
+    """Thresholds; the defaults follow SageMaker Debugger's built-in rules, except the robust loss spike."""
 
     spike_factor: float = 3.0
-    spike_window: int = 10
-    spike_min_history: int = 5
+    spike_window: int = 50
+    spike_min_history: int = 10
+    spike_persist: int = 5
+    spike_mad_factor: float = 4.0
+    spike_min_rise: float = 0.2
+    spike_cooldown: int = 100
     plateau_steps: int = 50
     min_relative_decrease: float = 0.001
     max_grad_norm: float = 1e6
@@ -65,7 +80,7 @@ class TrendRules:
     vanish_steps: int = 3
     max_update_ratio: float = 10.0
     min_update_ratio: float = 1e-8
-    history: int = 128  # >= 2 * plateau_steps
+    history: int = 128  # >= 2 * plateau_steps and >= spike_window + spike_persist
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "TrendRules":
@@ -138,6 +153,8 @@ class TrendMonitor:
         self._points: list[_Point] = []  # sorted by step, bounded by rules.history
         self._steps: list[int] = []
         self._last_plateau_block = -1
+        self._loss_scale = 0.0  # highest baseline median seen: the run's loss scale
+        self._last_spike_step: int | None = None
 
     def observe(self, summary: StepSummary) -> list[TrendAlert]:
         index = bisect.bisect_left(self._steps, summary.step)
@@ -160,8 +177,10 @@ class TrendMonitor:
         alerts = [
             TrendAlert(rule, self.run, summary.step, message, value)
             for rule, (message, value) in sorted(conditions.items())
-            if rule not in previous_flags
+            if rule not in previous_flags and not self._cooling_down(rule, summary.step)
         ]
+        if any(alert.rule == "loss_spike" for alert in alerts):
+            self._last_spike_step = summary.step
         alerts.extend(self._plateau())
         return alerts
 
@@ -175,15 +194,9 @@ class TrendMonitor:
                 f"{point.nonfinite_grads or 'some'} gradient(s) are NaN/Inf at step {point.step}",
                 point.grad_norm,
             )
-        recent_losses = [p.loss for p in before[-rules.spike_window :] if _finite(p.loss)]
-        if _finite(point.loss) and len(recent_losses) >= rules.spike_min_history:
-            median = statistics.median(recent_losses)
-            if median > 0 and point.loss > rules.spike_factor * median:  # type: ignore[operator]
-                found["loss_spike"] = (
-                    f"loss {point.loss:.4g} is {point.loss / median:.1f}x the recent median "  # type: ignore[operator]
-                    f"{median:.4g} at step {point.step}",
-                    point.loss,
-                )
+        spike = self._loss_spike(point, before)
+        if spike is not None:
+            found["loss_spike"] = spike
         if _finite(point.grad_norm):
             norm = float(point.grad_norm)  # type: ignore[arg-type]
             recent_norms = [p.grad_norm for p in before[-rules.spike_window :] if _finite(p.grad_norm)]
@@ -214,6 +227,36 @@ class TrendMonitor:
                     ratio,
                 )
         return found
+
+    def _loss_spike(self, point: _Point, before: list[_Point]) -> tuple[str, float] | None:
+        """Robust spike test: recent median against the baseline's median and MAD."""
+        rules = self.rules
+        if not _finite(point.loss):
+            return None
+        persist = max(rules.spike_persist, 1)
+        finite = [float(p.loss) for p in before[-(rules.spike_window + persist - 1):] if _finite(p.loss)]  # type: ignore[arg-type]
+        recent = finite[len(finite) - (persist - 1):] if persist > 1 else []
+        baseline = finite[: len(finite) - len(recent)][-rules.spike_window:]
+        if len(recent) < persist - 1 or len(baseline) < rules.spike_min_history:
+            return None
+        median = statistics.median(baseline)
+        mad = 1.4826 * statistics.median(abs(x - median) for x in baseline)  # ~ sigma for normal noise
+        self._loss_scale = max(self._loss_scale, median)
+        level = statistics.median([*recent, float(point.loss)])  # type: ignore[arg-type]
+        rise = level - median
+        if median <= 0 or level <= rules.spike_factor * median or rise <= rules.spike_mad_factor * mad \
+                or rise < rules.spike_min_rise * self._loss_scale:
+            return None
+        return (
+            f"loss {level:.4g} (median of the last {persist} steps) is {level / median:.1f}x the median "
+            f"{median:.4g} of the {len(baseline)} steps before, at step {point.step}",
+            float(point.loss),  # type: ignore[arg-type]
+        )
+
+    def _cooling_down(self, rule: str, step: int) -> bool:
+        """Rate limit: after a loss spike alert, the rule stays quiet for a while."""
+        last = self._last_spike_step
+        return rule == "loss_spike" and last is not None and 0 <= step - last < self.rules.spike_cooldown
 
     def _plateau(self) -> list[TrendAlert]:
         """Compare the two latest complete blocks of ``plateau_steps`` losses."""
@@ -248,6 +291,8 @@ class TrendMonitor:
         return {
             "run": self.run,
             "plateau_block": self._last_plateau_block,
+            "loss_scale": self._loss_scale,
+            "last_spike_step": self._last_spike_step,
             "points": [
                 [p.step, p.loss, p.grad_norm, p.update_ratio, p.nonfinite_grads, p.flags] for p in self._points
             ],
@@ -257,6 +302,9 @@ class TrendMonitor:
     def from_dict(cls, data: Mapping[str, Any], rules: TrendRules | None = None) -> "TrendMonitor":
         monitor = cls(str(data["run"]), rules)
         monitor._last_plateau_block = int(data.get("plateau_block", -1))
+        monitor._loss_scale = float(data.get("loss_scale") or 0.0)
+        last_spike = data.get("last_spike_step")
+        monitor._last_spike_step = int(last_spike) if last_spike is not None else None
         for step, loss, grad_norm, ratio, nonfinite, flags in data.get("points", []):
             monitor._points.append(_Point(int(step), loss, grad_norm, ratio, int(nonfinite), list(flags)))
             monitor._steps.append(int(step))

@@ -22,6 +22,7 @@ from . import runtime
 from .config import ProducerConfig
 from .interception import install
 from .recorder import StepRecorder
+from .redaction import recorded_argv
 from .signals import TermHandle, flush_on_sigterm
 from .sinks import FileSink, KafkaSink, Sink, kafka_settings_from_env
 from .tracer import Tracer
@@ -171,7 +172,7 @@ class Session:
                 "torch": torch.__version__,
                 "python": platform.python_version(),
             },
-            "argv": list(sys.argv),
+            "argv": recorded_argv(sys.argv),  # secrets redacted unless opted in
             "host": socket.gethostname(),
             "local_rank": os.environ.get("LOCAL_RANK"),
             "config": {

@@ -42,6 +42,7 @@ from invariants.step_summary import StepSummary, StepSummaryBuilder
 from invariants.trends import TrendMonitor, TrendRules
 
 from .config import CheckerConfig
+from .dead_letter import dead_letter_record
 from .end_offsets import FetchHighwaterProbe, HighwaterTransport
 from .input_order import InputOrder
 from .pending_windows import CommitGates, PendingWindows
@@ -54,8 +55,6 @@ from .window_record import WindowRecord, window_key
 
 log = logging.getLogger("trainwatch.checker")
 
-#: Dead-letter records keep at most this much of the original message.
-DEAD_LETTER_VALUE_LIMIT = 64 * 1024
 TICK_RESEND_SECONDS = 2.0
 YIELD_EVERY_MESSAGES = 64
 DELIVERY_WAIT_S = 5.0
@@ -432,21 +431,7 @@ class StreamChecker:
         print(violation_line(violation), file=self.out, flush=True)
 
     async def _dead_letter(self, message: Any, reason: str, error: str) -> None:
-        value = message.value or b""
-        record = {
-            "reason": reason,
-            "error": error[:2000],
-            "topic": message.topic,
-            "partition": message.partition,
-            "offset": message.offset,
-            "timestamp": message.timestamp,
-            "key": message.key,
-            "value": value[:DEAD_LETTER_VALUE_LIMIT],
-            "value_size": len(value),
-            "value_truncated": len(value) > DEAD_LETTER_VALUE_LIMIT,
-            "checker": self.config.app_id,
-            "at": self.clock(),
-        }
+        record = dead_letter_record(message, reason, error, checker=self.config.app_id, at=self.clock()).to_dict()
         self.metrics.dead_letter(reason)
         await self.dead_letter_topic.send(
             key=message.key, value=msgpack.packb(record, use_bin_type=True),
@@ -531,6 +516,7 @@ class StreamChecker:
             if self._grace_expired(now, last_batch_at, newest_producer_ts, partition):
                 await self._request(key, partition, b"close", now)
         if self._ticks % RESCAN_EVERY_TICKS == 1:
+            self.metrics.forget_expired_runs()  # bounds the run label: series of ended/idle runs go
             retention = self.config.closed_retention_seconds
             for key, (closed_at, partition) in list(self._closed.items()):
                 if now - closed_at >= retention:

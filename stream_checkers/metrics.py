@@ -3,7 +3,9 @@
 Metric names and labels are a contract with the alert rules and Grafana dashboards in
 ``deploy/``; every one is documented in the README's "Metrics" section.  Labels stay
 bounded: run, relation, invariant, reason, partition, rule — never a step or a tensor
-name (per-violation detail goes to the violations topic).
+name (per-violation detail goes to the violations topic).  The number of runs is
+bounded too: a run's series are removed after it ended or went idle, see
+`stream_checkers.run_retention`.
 
 Producers report *cumulative* drop counts in ``producer_stats`` meta events; this
 module turns them into counter increments per producer, so a restarted producer (whose
@@ -14,13 +16,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Hashable
+from typing import Any, Callable, Hashable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from trainwatch import __version__
 
 from .coverage_metrics import CoverageMetrics
+from .run_retention import RunRetention
 
 
 @dataclass
@@ -36,12 +39,20 @@ class CumulativeToIncrements:
             return cumulative
         return cumulative - previous
 
+    def forget_run(self, run: str) -> None:
+        """Drop the sources of one run (keys are ``(run, producer)``)."""
+        for source in [s for s in self._last if isinstance(s, tuple) and s and s[0] == run]:
+            del self._last[source]
+
 
 class CheckerMetrics:
     """All metrics of one checker process, registered on the registry it is given."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, retention: RunRetention | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.registry = registry
+        self.retention = retention if retention is not None else RunRetention()
+        self._clock = clock
         self.violations = Counter(
             "trainwatch_violations", "Invariant and trend violations reported.",
             ["run", "relation", "invariant"], registry=registry,
@@ -130,20 +141,58 @@ class CheckerMetrics:
         self._first_violation: dict[str, int] = {}
         self._last_checked: dict[str, int] = {}
         self._last_event_ns: dict[str, int] = {}
+        self._violation_labels: dict[str, set[tuple[str, str]]] = {}
+        self._trend_rules: dict[str, set[str]] = {}
+        #: Series labelled by run alone; removed together when the run is forgotten.
+        self._per_run = (
+            self.first_violation_step, self.steps_checked, self.last_checked_step, self.events_consumed,
+            self.batches_consumed, self.late_batches, self.missing_rank_windows, self.missing_worker_windows,
+            self.producer_dropped_events, self.producer_dropped_batches, self.run_live, self.last_event_timestamp,
+        )
+
+    # -- bounded run label -------------------------------------------------------------
+    def _touch(self, run: str) -> None:
+        for evicted in self.retention.touch(run, self._clock()):
+            self._forget(evicted)
+
+    def forget_expired_runs(self) -> int:
+        """Remove the series of runs past their retention; returns how many runs went."""
+        expired = self.retention.expired(self._clock())
+        for run in expired:
+            self._forget(run)
+        return len(expired)
+
+    def _forget(self, run: str) -> None:
+        for metric in self._per_run:
+            try:
+                metric.remove(run)
+            except KeyError:  # this worker never set that series for the run
+                pass
+        for relation, invariant in self._violation_labels.pop(run, ()):
+            self.violations.remove(run, relation, invariant)
+        for rule in self._trend_rules.pop(run, ()):
+            self.trend_alerts.remove(run, rule)
+        for per_run in (self._first_violation, self._last_checked, self._last_event_ns):
+            per_run.pop(run, None)
+        self._dropped_events.forget_run(run)
+        self._dropped_batches.forget_run(run)
 
     # -- consumption -------------------------------------------------------------------
     def batch_consumed(self, run: str, events: int, producer_timestamp_s: float | None) -> None:
+        self._touch(run)
         self.batches_consumed.labels(run=run).inc()
         self.events_consumed.labels(run=run).inc(events)
         if producer_timestamp_s:
             self.checker_lag.set(max(0.0, time.time() - producer_timestamp_s))
 
     def event_time(self, run: str, newest_ns: int) -> None:
+        self._touch(run)
         if newest_ns > self._last_event_ns.get(run, 0):
             self._last_event_ns[run] = newest_ns
             self.last_event_timestamp.labels(run=run).set(newest_ns / 1e9)
 
     def producer_stats(self, run: str, producer: Hashable, stats: dict[str, Any]) -> None:
+        self._touch(run)
         dropped_events = stats.get("dropped_events")
         if isinstance(dropped_events, int) and not isinstance(dropped_events, bool):
             self.producer_dropped_events.labels(run=run).inc(
@@ -159,11 +208,13 @@ class CheckerMetrics:
         self.dead_letters.labels(reason=reason).inc()
 
     def late_batch(self, run: str) -> None:
+        self._touch(run)
         self.late_batches.labels(run=run).inc()
 
     # -- windows -----------------------------------------------------------------------
     def window_closed(self, run: str, step: int, *, missing_ranks: bool, seconds: float,
                       missing_workers: bool = False) -> None:
+        self._touch(run)
         self.window_evaluation.observe(seconds)
         self.steps_checked.labels(run=run).inc()
         if step > self._last_checked.get(run, -1):
@@ -175,15 +226,21 @@ class CheckerMetrics:
             self.missing_worker_windows.labels(run=run).inc()
 
     def violation(self, run: str, relation: str, invariant: str, step: int) -> None:
+        self._touch(run)
+        self._violation_labels.setdefault(run, set()).add((relation, invariant))
         self.violations.labels(run=run, relation=relation, invariant=invariant).inc()
         if step < self._first_violation.get(run, step + 1):
             self._first_violation[run] = step
             self.first_violation_step.labels(run=run).set(step)
 
     def trend_alert(self, run: str, rule: str) -> None:
+        self._touch(run)
+        self._trend_rules.setdefault(run, set()).add(rule)
         self.trend_alerts.labels(run=run, rule=rule).inc()
 
     def run_liveness(self, run: str, live: bool) -> None:
+        self._touch(run)
+        self.retention.set_ended(run, not live, self._clock())
         self.run_live.labels(run=run).set(1 if live else 0)
 
 

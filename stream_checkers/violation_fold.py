@@ -34,7 +34,7 @@ def _step(violation: dict[str, Any]) -> int:
     return step if isinstance(step, int) and not isinstance(step, bool) else 0
 
 
-_REMINDER_MARK = "; repeats are folded)"
+_REMINDER_MARK = "repeats are folded"
 
 
 def _rule_key(violation: dict[str, Any]) -> str:
@@ -80,7 +80,7 @@ class RepeatFolder:
         reminded: list[dict[str, Any]] = []
         for violation in violations:
             for line in self.lines_for(violation):
-                if line.endswith(_REMINDER_MARK):
+                if line.endswith(f"{_REMINDER_MARK})"):
                     reminded.append(violation)
                 else:
                     lines.append(line)
@@ -96,7 +96,7 @@ class RepeatFolder:
         ranks = ",".join(str(r) for r in violation.get("ranks") or []) or "-"
         return (f"{kind} run={violation.get('run')} step={_step(violation)} ranks={ranks} "
                 f"[{violation.get('relation')}] still violated: {tally.steps} steps since step "
-                f"{tally.first_step} (invariant {_rule_key(violation)}{_REMINDER_MARK}")
+                f"{tally.first_step} (invariant {_rule_key(violation)}; {_REMINDER_MARK})")
 
     def _shared_reminder(self, violations: list[dict[str, Any]]) -> str:
         tallies = [self.tallies[_rule_key(v)] for v in violations]
@@ -107,7 +107,7 @@ class RepeatFolder:
         first = violations[0]
         return (f"VIOLATION run={first.get('run')} step={_step(first)} ranks={','.join(map(str, ranks)) or '-'} "
                 f"[{relations}] still violated: {len(violations)} invariants, {steps} steps each since step "
-                f"{min(t.first_step for t in tallies)}{_REMINDER_MARK}")
+                f"{min(t.first_step for t in tallies)} ({_REMINDER_MARK})")
 
     def folded(self) -> int:
         """How many violations were not printed live."""

@@ -30,9 +30,8 @@ DASHBOARD_FILES = sorted((DEPLOY / "grafana" / "dashboards").glob("*.json"))
 RUNBOOKS = DEPLOY / "runbooks"
 DATASOURCE_UID = "trainwatch-prometheus"
 
-# Where a service may listen on every interface by default; everything else binds
-# to loopback unless the user opts in through .env.
-PUBLIC_BY_DEFAULT = {"grafana", "kafka"}
+#: The one setting compose cannot default: Grafana must not start with a guessable password.
+REQUIRED_SETTINGS = "GRAFANA_ADMIN_PASSWORD=not-the-default\n"
 
 
 def require_binary(name: str) -> str:
@@ -56,13 +55,21 @@ def assert_ok(proc: subprocess.CompletedProcess) -> None:
 # --------------------------------------------------------------------- compose
 
 
-def compose_config(env_file: Path, tmp_path: Path, *overrides: Path) -> dict:
-    """`docker-compose config` as docker would resolve it, isolated from the caller's
-    environment and from any .env a developer keeps in the checkout."""
+def compose_check(env_file: Path, tmp_path: Path, *overrides: Path) -> subprocess.CompletedProcess:
+    """`docker-compose config -q`, isolated from the caller's environment and from any
+    .env a developer keeps in the checkout."""
     binary = require_binary("docker-compose")
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path)}
     files = [arg for path in (COMPOSE, *overrides) for arg in ("-f", str(path))]
-    check = run_tool(binary, *files, "--env-file", str(env_file), "config", "-q", env=env)
+    return run_tool(binary, *files, "--env-file", str(env_file), "config", "-q", env=env)
+
+
+def compose_config(env_file: Path, tmp_path: Path, *overrides: Path) -> dict:
+    """`docker-compose config` as docker would resolve it (see `compose_check`)."""
+    binary = require_binary("docker-compose")
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path)}
+    files = [arg for path in (COMPOSE, *overrides) for arg in ("-f", str(path))]
+    check = compose_check(env_file, tmp_path, *overrides)
     assert_ok(check)
     assert check.stdout == "", "config -q printed something"
     proc = run_tool(binary, *files, "--env-file", str(env_file), "config", env=env)
@@ -72,11 +79,11 @@ def compose_config(env_file: Path, tmp_path: Path, *overrides: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def default_services(tmp_path_factory) -> dict:
-    """The compose services with no .env at all: every variable at its default."""
+    """The compose services with only the required setting: every other variable at its default."""
     tmp = tmp_path_factory.mktemp("compose-defaults")
-    empty = tmp / "empty.env"
-    empty.write_text("")
-    return compose_config(empty, tmp)["services"]
+    minimal = tmp / "minimal.env"
+    minimal.write_text(REQUIRED_SETTINGS)
+    return compose_config(minimal, tmp)["services"]
 
 
 def published_ports(service: dict) -> list[tuple[str, str, str]]:
@@ -97,19 +104,36 @@ def published_ports(service: dict) -> list[tuple[str, str, str]]:
     return result
 
 
-def test_compose_validates_without_env_file_and_binds_only_grafana_and_kafka_publicly(default_services):
+def test_compose_validates_with_only_the_grafana_password_and_binds_every_port_to_loopback(default_services):
     services = default_services
     assert {"kafka", "kafka-init", "checker", "prometheus", "alertmanager", "grafana"} <= set(services)
     for name, service in services.items():
         for host_ip, host_port, _target in published_ports(service):
-            if name in PUBLIC_BY_DEFAULT:
-                continue
             assert host_ip == "127.0.0.1", f"{name} publishes {host_port} on {host_ip or 'all interfaces'}"
-    grafana = published_ports(services["grafana"])
-    kafka = published_ports(services["kafka"])
-    assert grafana == [("0.0.0.0", "3000", "3000")]
-    assert kafka == [("0.0.0.0", "9092", "9092")]
+    assert published_ports(services["grafana"]) == [("127.0.0.1", "3000", "3000")]
+    assert published_ports(services["kafka"]) == [("127.0.0.1", "9092", "9092")]
     assert "EXTERNAL://localhost:9092" in services["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
+    assert services["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"] == "not-the-default"
+
+
+def test_compose_refuses_to_start_grafana_without_an_admin_password(tmp_path):
+    for settings in ("", "GRAFANA_ADMIN_PASSWORD=\n", ENV_EXAMPLE.read_text()):  # unset, empty, the example
+        env_file = tmp_path / "no-password.env"
+        env_file.write_text(settings)
+        refused = compose_check(env_file, tmp_path)
+        assert refused.returncode != 0
+        assert "set GRAFANA_ADMIN_PASSWORD in .env" in refused.stderr, refused.stderr
+
+
+def test_kafka_accepts_every_batch_the_checkers_accept(default_services):
+    from stream_checkers.config import CheckerConfig
+
+    # the checker's own producer may send up to max_batch_bytes + 1 KiB (app.py), plus record overhead
+    limit = int(default_services["kafka"]["environment"]["KAFKA_MESSAGE_MAX_BYTES"])
+    assert limit >= CheckerConfig.max_batch_bytes + 64 * 1024
+    example = dict(line.split("=", 1) for line in ENV_EXAMPLE.read_text().splitlines()
+                   if line and not line.startswith("#") and "=" in line)
+    assert int(example["KAFKA_MESSAGE_MAX_BYTES"]) == limit
 
 
 def test_compose_checker_scales_and_waits_for_topics(default_services):
@@ -143,7 +167,7 @@ def test_compose_every_long_running_service_has_healthcheck_restart_and_limits(d
 def test_env_example_documents_every_compose_variable_and_overrides_apply(tmp_path):
     used = set()
     for path in (COMPOSE, *COMPOSE_OVERRIDES):
-        used |= set(re.findall(r"\$\{([A-Z0-9_]+)(?::?-[^}]*)?\}", path.read_text()))
+        used |= set(re.findall(r"\$\{([A-Z0-9_]+)(?::?[-?][^}]*)?\}", path.read_text()))
     documented = {
         line.split("=", 1)[0]
         for line in ENV_EXAMPLE.read_text().splitlines()
@@ -156,11 +180,13 @@ def test_env_example_documents_every_compose_variable_and_overrides_apply(tmp_pa
     overridden.write_text(
         ENV_EXAMPLE.read_text()
         + "\nPROMETHEUS_BIND=0.0.0.0\nPROMETHEUS_PORT=19090\nKAFKA_EXTERNAL_HOST=kafka.cluster.example"
-        "\nKAFKA_EXTERNAL_PORT=29092\nTRAINWATCH_PARTITIONS=12\nGRAFANA_ADMIN_PASSWORD=s3cret\n"
+        "\nKAFKA_EXTERNAL_PORT=29092\nKAFKA_EXTERNAL_BIND=10.1.2.3\nGRAFANA_BIND=0.0.0.0"
+        "\nTRAINWATCH_PARTITIONS=12\nGRAFANA_ADMIN_PASSWORD=s3cret\n"
     )
     services = compose_config(overridden, tmp_path)["services"]
     assert published_ports(services["prometheus"]) == [("0.0.0.0", "19090", "9090")]
-    assert published_ports(services["kafka"]) == [("0.0.0.0", "29092", "9092")]
+    assert published_ports(services["kafka"]) == [("10.1.2.3", "29092", "9092")]
+    assert published_ports(services["grafana"]) == [("0.0.0.0", "3000", "3000")]
     kafka_env = services["kafka"]["environment"]
     assert "EXTERNAL://kafka.cluster.example:29092" in kafka_env["KAFKA_ADVERTISED_LISTENERS"]
     # checkers and the topic initialiser must agree on the partition count
@@ -171,7 +197,10 @@ def test_env_example_documents_every_compose_variable_and_overrides_apply(tmp_pa
 
 def test_sasl_ssl_override_secures_only_the_external_listener(tmp_path):
     env_file = tmp_path / "sasl.env"
-    env_file.write_text("KAFKA_EXTERNAL_USERNAME=job\nKAFKA_EXTERNAL_PASSWORD=pa55\n")
+    env_file.write_text(REQUIRED_SETTINGS + "KAFKA_EXTERNAL_USERNAME=job\n")
+    refused = compose_check(env_file, tmp_path, SASL_OVERRIDE)  # no default login password
+    assert refused.returncode != 0 and "set KAFKA_EXTERNAL_PASSWORD in .env" in refused.stderr
+    env_file.write_text(REQUIRED_SETTINGS + "KAFKA_EXTERNAL_USERNAME=job\nKAFKA_EXTERNAL_PASSWORD=pa55\n")
     kafka = compose_config(env_file, tmp_path, SASL_OVERRIDE)["services"]["kafka"]
     env = kafka["environment"]
     protocols = dict(item.split(":") for item in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))

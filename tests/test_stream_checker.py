@@ -8,6 +8,7 @@ batches, so "equal to an uninterrupted run" is checked against one code path.
 from __future__ import annotations
 
 import collections
+import hashlib
 import math
 import time
 
@@ -18,6 +19,7 @@ from invariants.codec import encode_batch
 from invariants.engine import Engine, StepWindows
 from invariants.events import make_batch
 from invariants.invariant_file import dumps, load_default_set, load_set
+from stream_checkers.dead_letter import DEAD_LETTER_PREFIX_BYTES
 from stream_checkers.testing import (
     CheckerProcess,
     iter_violations,
@@ -167,6 +169,9 @@ def test_hostile_input_is_dead_lettered_and_counted_while_the_worker_keeps_check
     assert garbage["topic"] == EVENTS and garbage["key"] == b"run-h:0" and garbage["error"]
     oversized = next(d for d in decoded if d["reason"] == "oversized")
     assert oversized["value_size"] > 65536 and oversized["value_truncated"] is True
+    # a short prefix and a digest, not a copy of what may be someone's data
+    assert len(oversized["value"]) <= DEAD_LETTER_PREFIX_BYTES
+    assert oversized["value_sha256"] == hashlib.sha256(encode_batch(huge)).hexdigest()
 
     samples = wait_until(lambda: (m := worker.metrics()) and metric(m, "trainwatch_steps_checked_total", run="run-ok") >= 3 and m,
                          30, what="the healthy run checked after the hostile input")

@@ -79,10 +79,13 @@ def test_nan_loss_fires_once_per_episode():
     assert alerts == [("nonfinite_loss", 2), ("nonfinite_loss", 6)]
 
 
-def test_loss_spike_against_recent_median():
-    losses = [1.0, 0.98, 0.97, 0.96, 0.95, 0.94, 5.0, 0.93]
+_BASELINE = [1.0, 1.02, 0.98, 0.97, 1.01, 0.96, 0.99, 1.0, 0.95, 0.97, 0.98, 0.96]  # 12 steps
+
+
+def test_loss_spike_that_persists_fires_once_a_single_outlier_does_not():
+    losses = _BASELINE + [5.0] + _BASELINE[:3] + [5.0, 5.2, 4.9, 5.1, 5.0, 5.3, 0.9]
     alerts = _run(TrendMonitor("r", TrendRules(plateau_steps=0)), _summaries(losses))
-    assert alerts == [("loss_spike", 6)]
+    assert alerts == [("loss_spike", 18)]  # 3 of the last 5 steps (16..18) are high: the median is
 
 
 def test_plateau_detected_after_two_flat_blocks():
@@ -102,11 +105,11 @@ def test_exploding_and_vanishing_gradients_and_update_ratio():
 
 
 def test_out_of_order_and_replayed_summaries_are_judged_once():
-    losses = [1.0, 0.98, 0.97, 0.96, 0.95, 0.94, 5.0, 0.93]
+    losses = _BASELINE + [5.0, 5.2, 4.9, 5.1, 5.0, 0.93]
     ordered = _summaries(losses)
-    shuffled = ordered[:4] + [ordered[5], ordered[4], ordered[7], ordered[6]]
+    shuffled = ordered[:12] + [ordered[13], ordered[12], ordered[14], ordered[15], ordered[17], ordered[16]]
     monitor = TrendMonitor("r", TrendRules(plateau_steps=0))
-    assert _run(monitor, shuffled) == [("loss_spike", 6)]
+    assert _run(monitor, shuffled) == [("loss_spike", 14)]
     # replays (a restarted checker re-reading its input) produce nothing new
     restored = TrendMonitor.from_dict(msgpack.unpackb(msgpack.packb(monitor.to_dict())), monitor.rules)
     assert _run(restored, ordered) == []

@@ -30,7 +30,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse exits with 2 on bad usage already; keep its message to one line."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.exit(EXIT_USAGE, f"trainwatch {self.prog.split()[-1]}: error: {message}\n")
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,6 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     own, command = _split_command(args_list)
     parser = build_parser()
+    if not args_list:  # a first try: show what there is to run rather than an error
+        parser.print_help(sys.stderr)
+        return EXIT_USAGE
     args = parser.parse_args(own)
     args.cmd = command
     module = importlib.import_module(f"trainwatch.commands.{args.command}")

@@ -28,6 +28,15 @@ def _fail(message: str) -> int:
     return EXIT_UNREADABLE
 
 
+def _unwritable_report(args: argparse.Namespace) -> str | None:
+    """A report file that cannot be written, found before checking rather than after the verdict."""
+    for path in filter(None, (args.report_json, args.report_html)):
+        parent = Path(path).parent
+        if not parent.is_dir():
+            return f"cannot write report {path}: no such directory {parent}"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     from invariants.coverage import LATE_BATCH, Coverage
     from invariants.engine import Engine, StepWindows
@@ -36,8 +45,12 @@ def run(args: argparse.Namespace) -> int:
                                    untrained_lines)
     from invariants.wire import wire_types
 
+    from ..trace_runs import per_run_note
     from ..tracedir import TraceDirError, TraceReadReport, read_trace_dir
 
+    unwritable = _unwritable_report(args)
+    if unwritable:
+        return _fail(unwritable)
     try:
         if args.invariants:
             path = Path(args.invariants)
@@ -83,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
         truncated=report.truncated, source=str(args.trace_dir), coverage=coverage,
     )
     pres = preconditions_by_id(invariant_set.invariants)
-    sys.stdout.write(render_text(violations, summary, pres))
+    mixed = per_run_note(windows.runs, violations)
+    sys.stdout.write((mixed + "\n" if mixed else "") + render_text(violations, summary, pres))
     try:
         if args.report_json:
             Path(args.report_json).write_text(json.dumps(render_json(violations, summary), indent=1, sort_keys=True, default=str) + "\n",
@@ -91,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         if args.report_html:
             Path(args.report_html).write_text(render_html(violations, summary, pres), encoding="utf-8")
     except OSError as exc:
-        return _fail(f"cannot write report: {exc.strerror or exc}")
+        return _fail(f"cannot write report {exc.filename or ''}: {exc.strerror or exc}")
     if violations:
         return EXIT_VIOLATIONS
     untrained = untrained_lines(violations, summary)

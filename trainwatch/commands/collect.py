@@ -4,8 +4,10 @@
                        [-i INVARIANTS] [--sample-every N] [--full] -- CMD...
 
 Traces go to TRACE_DIR and/or events stream to Kafka; with neither ``-o`` nor
-``--bootstrap`` traces go to ``./traces/<run-id>``.  The command's exit code is passed
-through; bad usage exits 2 with a one-line reason.
+``--bootstrap`` traces go to ``./traces/<run-id>``.  A TRACE_DIR that already holds
+traces of another run is refused (exit 2): the runs would be mixed, in the report and
+in `check`.  Pass that run's ``--run-id`` to add to it (a resumed run).  The command's
+exit code is passed through; bad usage exits 2 with a one-line reason.
 """
 
 from __future__ import annotations
@@ -70,6 +72,15 @@ def _broker_reachable(bootstrap: str, timeout_s: float = 1.0) -> bool:
     return False
 
 
+def _other_runs(trace_dir: str, run_id: str) -> str:
+    """The runs other than ``run_id`` whose traces are already in ``trace_dir``, described."""
+    from ..trace_runs import describe_runs, runs_in_trace_dir
+
+    runs = runs_in_trace_dir(trace_dir)
+    runs.pop(run_id, None)
+    return describe_runs(runs) if runs else ""
+
+
 def _with_env_defaults(args: argparse.Namespace, environ: Mapping[str, str]) -> argparse.Namespace:
     """Absent flags fall back to the ``TRAINWATCH_*`` variables a deployment already sets.
 
@@ -117,6 +128,11 @@ def run(args: argparse.Namespace) -> int:
         quiet=True,  # collect prints one combined summary instead
     ).with_defaults()
     trace_dir = None
+    if config.trace_dir:
+        other_runs = _other_runs(config.trace_dir, run_id)
+        if other_runs:
+            return _fail(f"trace directory {config.trace_dir} already holds traces of {other_runs}; "
+                         "use a new -o directory (or that run's --run-id to add to it)")
     try:
         if config.trace_dir:
             trace_dir = check_trace_dir(config.trace_dir)

@@ -19,6 +19,7 @@ def _env(name: str, default: str | None = None) -> str | None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    # --help shows each effective default (%(default)s): built in, or the environment's value.
     # Defaults from the environment stay strings: argparse converts them with `type`
     # when serve's own arguments are parsed, so a bad value is a usage error of serve
     # rather than a crash of every trainwatch command.
@@ -27,31 +28,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bootstrap", default=_env("BOOTSTRAP"),
                         help="Kafka bootstrap HOST:PORT[,HOST:PORT] (env TRAINWATCH_BOOTSTRAP)")
     parser.add_argument("--metrics-port", type=int, default=_env("METRICS_PORT", "9464"),
-                        help="Prometheus /metrics port, 0 = any free port (env TRAINWATCH_METRICS_PORT)")
+                        help="Prometheus /metrics port, 0 = any free port (default: %(default)s; env TRAINWATCH_METRICS_PORT)")
     parser.add_argument("--metrics-host", default=_env("METRICS_HOST", "127.0.0.1"),
-                        help="address /metrics binds to (default loopback; env TRAINWATCH_METRICS_HOST)")
+                        help="address /metrics binds to (default: %(default)s; env TRAINWATCH_METRICS_HOST)")
     parser.add_argument("--partitions", type=int, default=_env("PARTITIONS", "4"),
-                        help="partitions of the events topic and tables (env TRAINWATCH_PARTITIONS)")
+                        help="partitions of the events topic and tables (default: %(default)s; env TRAINWATCH_PARTITIONS)")
     parser.add_argument("--grace-seconds", type=float, default=_env("GRACE_SECONDS", "3"),
-                        help="close a window this long after its last batch (env TRAINWATCH_GRACE_SECONDS)")
+                        help="close a window this long after its last batch (default: %(default)s s; env TRAINWATCH_GRACE_SECONDS)")
     parser.add_argument("--topic-prefix", default=_env("TOPIC_PREFIX", "trainwatch."),
-                        help="topic name prefix (env TRAINWATCH_TOPIC_PREFIX)")
+                        help="topic name prefix (default: %(default)s; env TRAINWATCH_TOPIC_PREFIX)")
     parser.add_argument("--app-id", default=_env("APP_ID", "trainwatch-checker"),
-                        help="consumer group / Faust app id shared by cooperating workers (env TRAINWATCH_APP_ID)")
+                        help="consumer group / Faust app id shared by cooperating workers (default: %(default)s; env TRAINWATCH_APP_ID)")
     parser.add_argument("--data-dir", default=_env("DATA_DIR", ".trainwatch-checker"),
-                        help="worker scratch directory (env TRAINWATCH_DATA_DIR)")
+                        help="worker scratch directory (default: %(default)s; env TRAINWATCH_DATA_DIR)")
     parser.add_argument("--max-batch-bytes", type=int,
                         default=_env("MAX_BATCH_BYTES", str(16 * 1024 * 1024)),
-                        help="larger messages are dead-lettered as oversized (env TRAINWATCH_MAX_BATCH_BYTES)")
+                        help="larger messages are dead-lettered as oversized (default: %(default)s; env TRAINWATCH_MAX_BATCH_BYTES)")
     parser.add_argument("--connect-timeout", type=float, default=_env("CONNECT_TIMEOUT", "30"),
-                        help="give up if Kafka cannot be reached for this long at start (env TRAINWATCH_CONNECT_TIMEOUT)")
+                        help="give up if Kafka cannot be reached for this long at start (default: %(default)s s; env TRAINWATCH_CONNECT_TIMEOUT)")
     parser.add_argument("--multi-record-batches", action="store_true",
                         default=(_env("MULTI_RECORD_BATCHES", "") or "").lower() in ("1", "true", "yes", "on"),
                         help="let the producer pack several records per Kafka batch: faster, but only for "
                              "brokers that replay such batches completely (Apache Kafka; not tansu) "
                              "(env TRAINWATCH_MULTI_RECORD_BATCHES)")
     parser.add_argument("--log-level", default=_env("LOG_LEVEL", "WARNING"),
-                        help="Faust/Kafka client log level (env TRAINWATCH_LOG_LEVEL)")
+                        help="Faust/Kafka client log level (default: %(default)s; env TRAINWATCH_LOG_LEVEL)")
 
 
 def config_from_args(args: argparse.Namespace):

@@ -19,6 +19,7 @@ EXIT_USAGE = 2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.usage = "trainwatch watch [options] -- CMD..."
     parser.add_argument("-i", "--invariants", default=None, help="invariant file (default: the shipped set)")
     parser.add_argument("--bootstrap", default=os.environ.get("TRAINWATCH_BOOTSTRAP"),
                         help="use this Kafka cluster instead of an embedded broker")
@@ -34,7 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--every-violation", action="store_true",
                         help="print every violation as it arrives (default: the first of each invariant in full, "
                              "then reminders at 2, 4, 8, ... violating steps, and a roll-up at the end)")
-    parser.add_argument("--topic-prefix", default=os.environ.get("TRAINWATCH_TOPIC_PREFIX", "trainwatch."))
+    parser.add_argument("--topic-prefix", default=os.environ.get("TRAINWATCH_TOPIC_PREFIX", "trainwatch."),
+                        help="Kafka topic prefix (default: $TRAINWATCH_TOPIC_PREFIX, else trainwatch.)")
 
 
 def _run_id(command: list[str]) -> str:
