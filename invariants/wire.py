@@ -32,7 +32,7 @@ import msgpack
 import msgspec
 
 from .codec import MAX_BATCH_BYTES, _extension, decode_batch
-from .events import SUPPORTED_VERSIONS, SchemaError
+from .events import SUPPORTED_VERSIONS, SchemaError, check_bounds
 
 UNSET: Any = msgspec.UNSET
 
@@ -158,10 +158,7 @@ def _check_header(batch: Any) -> Any:
             "unknown_version",
             f"batch schema version {batch.v} is not supported (this build reads {sorted(SUPPORTED_VERSIONS)})",
         )
-    if batch.rank < 0 or batch.world < 1 or batch.rank >= batch.world:
-        raise SchemaError("bad_value", f"batch: rank {batch.rank} is outside world size {batch.world}")
-    if batch.step < 0:
-        raise SchemaError("bad_value", f"batch: negative step {batch.step}")
+    check_bounds(batch.rank, batch.world, batch.step)
     return batch
 
 
