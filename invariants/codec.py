@@ -60,14 +60,31 @@ def encode_batch(batch: Batch) -> bytes:
     return msgpack.packb(batch, use_bin_type=True)
 
 
+def decode_bounded(decoder: Any, payload: Any) -> Any:
+    """``decoder.decode(payload)``, with nesting too deep to decode as a `SchemaError`.
+
+    The decoders recurse once per nesting level under the interpreter's recursion
+    guard (about 1,000 levels; a producer's batches nest fewer than 10), so a small
+    hostile message could otherwise escape as a `RecursionError` instead of being
+    rejected like any other bad input.  Every msgpack decode of untrusted bytes goes
+    through here.
+    """
+    try:
+        return decoder.decode(payload)
+    except RecursionError:
+        raise SchemaError("too_deep", "batch: values nested too deeply to decode") from None
+
+
 def decode_batch(payload: bytes, *, max_bytes: int = MAX_BATCH_BYTES) -> Batch:
     """Decode and validate one batch; every failure is a `SchemaError` with a reason."""
     if len(payload) > max_bytes:
         raise SchemaError("oversized", f"batch of {len(payload)} bytes exceeds {max_bytes}")
     try:
-        obj: Any = _DECODER.decode(payload)
+        obj: Any = decode_bounded(_DECODER, payload)
     except msgspec.DecodeError as exc:
         raise SchemaError("undecodable", f"not a msgpack batch: {exc}") from None
+    except SchemaError:
+        raise
     except Exception as exc:  # hostile input may raise other types (e.g. unhashable map keys)
         raise SchemaError("undecodable", f"not a msgpack batch: {type(exc).__name__}: {exc}") from None
     return validate_batch(obj)

@@ -90,3 +90,73 @@ def test_check_of_a_world_bomb_is_one_line_and_exit_2(tmp_path, capsys):
     out, err = capsys.readouterr()
     line = _one_line_error(err, "check")
     assert "world size 3000000 exceeds the maximum" in line and len(out) < 1_000
+
+
+# ---------------------------------------------------------------- 3: deep nesting
+
+def _deep(levels: int) -> bytes:
+    return b"\x91" * levels + b"\x00"  # [[[...[0]...]]] in msgpack
+
+
+_SENTINEL = "DEEP-VALUE-HERE"
+
+
+def _with_deep_value(where: str, levels: int = 3_000) -> bytes:
+    """A well-formed batch whose value at ``where`` is nested ``levels`` deep."""
+    marker = {"args": {"x": _SENTINEL}, "attrs": {"data_digest": _SENTINEL}, "unknown": _SENTINEL}
+    if where == "call args":
+        event = _event("call", name="torch.optim.Optimizer.step", api="torch.optim.Optimizer.step", phase="pre",
+                       cid=1, args=marker["args"])
+    elif where == "snapshot attribute":
+        event = _event("state", name="w", at="step_end", attrs=marker["attrs"])
+    elif where == "unknown event field":
+        event = _event("meta", what="x", extra=_SENTINEL)
+    else:  # an unknown batch field
+        batch = _step_batch(0, 1, 0)
+        batch["extra"] = _SENTINEL
+        return encode_batch(batch).replace(msgpack.packb(_SENTINEL), _deep(levels))
+    return encode_batch(_step_batch(0, 1, 0, event)).replace(msgpack.packb(_SENTINEL), _deep(levels))
+
+
+DEEP_PLACES = ["call args", "snapshot attribute", "unknown event field", "unknown batch field"]
+
+
+@pytest.mark.parametrize("where", DEEP_PLACES)
+@pytest.mark.parametrize("decode", _decoders())
+def test_deep_nesting_anywhere_in_a_batch_is_too_deep(decode, where):
+    payload = _with_deep_value(where)
+    assert len(payload) < 4_000
+    with pytest.raises(SchemaError) as err:
+        decode(payload)
+    assert err.value.reason == "too_deep"
+
+
+def test_check_of_a_deeply_nested_trace_is_one_line_and_exit_2(tmp_path, capsys):
+    (tmp_path / "rank0.twtrace").write_bytes(TRACE_MAGIC + encode_frame(_with_deep_value("call args")))
+    assert main(["check", str(tmp_path)]) == 2
+    line = _one_line_error(capsys.readouterr().err, "check")
+    assert "rank0.twtrace" in line and "nested too deeply" in line
+
+
+def test_serve_dead_letters_world_bombs_and_deep_nesting_and_keeps_checking(kafka_broker, tmp_path):
+    from stream_checkers.testing import CheckerProcess, metric, produce, produce_raw, read_topic, \
+        synthetic_step_batch, wait_until
+
+    worker = CheckerProcess(kafka_broker.bootstrap, tmp_path / "w.log",
+                            ["--grace-seconds", "1", "--partitions", "2", "--data-dir", str(tmp_path / "w")]).start()
+    try:
+        hostile = [encode_batch(_step_batch(0, 3_000_000, 0)), *(_with_deep_value(w) for w in DEEP_PLACES)]
+        produce_raw(kafka_broker.bootstrap, "trainwatch.events", [(b"r:0", value) for value in hostile])
+        produce(kafka_broker.bootstrap, "trainwatch.events", [synthetic_step_batch("run-ok", 0, 1, s) for s in range(3)])
+        dead = wait_until(lambda: (r := read_topic(kafka_broker.bootstrap, "trainwatch.dead-letter"))
+                          and len(r) >= len(hostile) and r, 60, what="a dead-letter record per hostile message")
+        reasons = collections.Counter(msgpack.unpackb(r.value, raw=False)["reason"] for r in dead)
+        assert reasons == {"bad_value": 1, "too_deep": len(DEEP_PLACES)}
+        samples = wait_until(lambda: (m := worker.metrics())
+                             and metric(m, "trainwatch_steps_checked_total", run="run-ok") >= 3 and m,
+                             60, what="the healthy run checked after the hostile input")
+        assert metric(samples, "trainwatch_dead_letters_total", reason="too_deep") == len(DEEP_PLACES)
+        assert worker.proc.poll() is None
+        assert "Traceback" not in worker.log_text()
+    finally:
+        worker.stop()
