@@ -138,6 +138,38 @@ def test_check_of_a_deeply_nested_trace_is_one_line_and_exit_2(tmp_path, capsys)
     assert "rank0.twtrace" in line and "nested too deeply" in line
 
 
+def _deep_json(levels: int) -> str:
+    return "[" * levels + "]" * levels
+
+
+INVARIANT_FILES = {
+    "deep list": _deep_json(5_000).encode(),
+    "deep inside a rule": json.dumps({"format": "trainwatch-invariants", "version": 1, "invariants": [
+        {"relation": "APIOutput", "params": {"form": "constant", "api": "torch.nn.Module.forward", "prop": "dtype",
+                                             "value": "PLACE"}}]}).replace('"PLACE"', _deep_json(2_000)).encode(),
+    "not UTF-8": b'{"format": "trainwatch-invariants\xff\xfe", "version": 1, "invariants": []}',
+}
+
+
+def _invariants_command(command: str, path: Path) -> list[str]:
+    if command == "check":
+        return ["check", "-i", str(path), str(path.parent)]
+    if command == "serve":  # the file is rejected before any connection is attempted
+        return ["serve", "-i", str(path), "--bootstrap", "127.0.0.1:9"]
+    return ["collect", "-i", str(path), "--", sys.executable, "-c", "pass"]
+
+
+@pytest.mark.parametrize("kind", sorted(INVARIANT_FILES))
+@pytest.mark.parametrize("command", ["check", "serve"])
+def test_a_deep_or_undecodable_invariants_file_is_one_line_and_exit_2(tmp_path, capsys, command, kind):
+    path = tmp_path / "inv.json"
+    path.write_bytes(INVARIANT_FILES[kind])
+    assert main(_invariants_command(command, path)) == 2
+    line = _one_line_error(capsys.readouterr().err, command)
+    assert "inv.json" in line
+    assert ("UTF-8" in line) if kind == "not UTF-8" else ("nested more than" in line)
+
+
 def test_serve_dead_letters_world_bombs_and_deep_nesting_and_keeps_checking(kafka_broker, tmp_path):
     from stream_checkers.testing import CheckerProcess, metric, produce, produce_raw, read_topic, \
         synthetic_step_batch, wait_until
@@ -160,3 +192,46 @@ def test_serve_dead_letters_world_bombs_and_deep_nesting_and_keeps_checking(kafk
         assert "Traceback" not in worker.log_text()
     finally:
         worker.stop()
+
+
+# ---------------------------------------------------------------- 11: invariant file types
+
+APIARG = {"relation": "APIArg", "params": {"form": "ranks", "api": "torch.optim.Optimizer.step", "arg": "lr"}}
+
+
+def _doc(*items: dict, **extra) -> str:
+    return json.dumps({"format": "trainwatch-invariants", "version": 1, "invariants": list(items), **extra})
+
+
+@pytest.mark.parametrize("text, field, words", [
+    (_doc(dict(APIARG, params=dict(APIARG["params"], api=5))), "params.api", "must be a non-empty string, got an integer"),
+    (_doc(dict(APIARG, params=dict(APIARG["params"], arg=None))), "params.arg", "got null"),
+    (_doc(dict(APIARG, params=dict(APIARG["params"], ap="x"))), "params.ap", "unknown parameter for relation APIArg"),
+    (_doc({"relation": "APIAbsent", "params": {"api": "torch.manual_seed", "stage": "train", "after_step": True}}),
+     "params.after_step", "must be an integer"),
+    (_doc({"relaton": "APIArg", "params": APIARG["params"]}), "relation", "missing field"),
+    (_doc({"params": APIARG["params"]}), "relation", "missing field"),
+    (_doc(dict(APIARG, relation=7)), "relation", "must be a string"),
+    (_doc(dict(APIARG, descripton="typo")), "descripton", "unknown key"),
+    (_doc(APIARG, comment="top-level typo"), "comment", "unknown key"),
+])
+def test_badly_typed_or_unknown_invariant_fields_are_named(text, field, words):
+    with pytest.raises(InvariantFileError) as err:
+        loads(text, "my.json")
+    assert err.value.field == field and words in str(err.value)
+
+
+def test_every_relation_declares_its_parameter_types_and_the_shipped_set_follows_them():
+    from invariants.param_schema import PARAMS
+    from invariants.relations import TEMPLATES
+
+    assert set(PARAMS) == set(TEMPLATES)
+    assert loads(dumps(load_default_set().invariants))  # typed checks accept every shipped rule
+
+
+def test_check_names_the_badly_typed_field_in_one_line(tmp_path, capsys):
+    path = tmp_path / "inv.json"
+    path.write_text(_doc(dict(APIARG, params=dict(APIARG["params"], api=5))))
+    write_trace_dir(tmp_path, [_step_batch(0, 1, 0)])
+    assert main(["check", "-i", str(path), str(tmp_path)]) == 2
+    assert "field 'params.api'" in _one_line_error(capsys.readouterr().err, "check")
