@@ -194,6 +194,34 @@ def test_serve_dead_letters_world_bombs_and_deep_nesting_and_keeps_checking(kafk
         worker.stop()
 
 
+# ---------------------------------------------------------------- 8: descriptor limit
+
+def _many_rank_trace(directory: Path, ranks: int, steps: int = 2) -> None:
+    write_trace_dir(directory, [_step_batch(rank, ranks, step) for step in range(steps) for rank in range(ranks)])
+
+
+def test_merging_with_few_descriptors_gives_the_same_batches(tmp_path):
+    _many_rank_trace(tmp_path, 12, steps=3)
+    order = [(b["step"], b["rank"]) for b in read_trace_dir(tmp_path)]
+    assert order == [(b["step"], b["rank"]) for b in read_trace_dir(tmp_path, max_open_files=2)]
+    assert sorted(order) == [(step, rank) for step in range(3) for rank in range(12)]
+    assert [o[0] for o in order] == sorted(o[0] for o in order)
+
+
+def test_check_reads_more_trace_files_than_it_may_open(tmp_path):
+    """1,500 files under the usual ``ulimit -n 1024``, scaled down: 300 under 128."""
+    _many_rank_trace(tmp_path / "t", 300)
+    limit = 128
+
+    def lower_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+
+    done = subprocess.run([sys.executable, "-m", "trainwatch.cli", "check", str(tmp_path / "t")],
+                          capture_output=True, text=True, timeout=300, preexec_fn=lower_limit, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Too many open files" not in done.stderr and done.stdout.startswith("OK")
+
+
 # ---------------------------------------------------------------- 11: invariant file types
 
 APIARG = {"relation": "APIArg", "params": {"form": "ranks", "api": "torch.optim.Optimizer.step", "arg": "lr"}}
