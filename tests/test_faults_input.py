@@ -263,3 +263,29 @@ def test_check_names_the_badly_typed_field_in_one_line(tmp_path, capsys):
     write_trace_dir(tmp_path, [_step_batch(0, 1, 0)])
     assert main(["check", "-i", str(path), str(tmp_path)]) == 2
     assert "field 'params.api'" in _one_line_error(capsys.readouterr().err, "check")
+
+
+# ---------------------------------------------------------------- 12: bit flip in the last frame
+
+def test_a_bit_flip_in_the_last_frame_is_corruption_and_a_cut_is_truncation():
+    frames = [encode_frame(b"a" * 10), encode_frame(b"b" * 10)]
+    data = bytearray(TRACE_MAGIC + b"".join(frames))
+    data[-3] ^= 0x01
+    with pytest.raises(TraceCorruption) as err:
+        list(iter_frames(io.BytesIO(bytes(data))))
+    assert err.value.offset == len(TRACE_MAGIC) + len(frames[0])
+    scan = FrameScan()
+    assert list(iter_frames(io.BytesIO(bytes(data[:-3])), scan)) == [b"a" * 10]
+    assert scan.truncated_at == len(TRACE_MAGIC) + len(frames[0])
+
+
+def test_check_of_a_trace_with_a_flipped_last_frame_exits_2_without_a_missing_rank(tmp_path, capsys):
+    paths = write_trace_dir(tmp_path, SyntheticRun(run="flip", world=2, steps=3).batches())
+    data = bytearray(paths[1].read_bytes())
+    data[-5] ^= 0x10  # inside the payload of rank 1's last frame, which holds its last step end
+    paths[1].write_bytes(bytes(data))
+    assert main(["check", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    line = _one_line_error(err, "check")
+    assert "checksum mismatch" in line and str(paths[1]) in line
+    assert "AllRanksReport" not in out and "torn" not in out
