@@ -160,7 +160,7 @@ def _invariants_command(command: str, path: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("kind", sorted(INVARIANT_FILES))
-@pytest.mark.parametrize("command", ["check", "serve"])
+@pytest.mark.parametrize("command", ["check", "serve", "collect"])
 def test_a_deep_or_undecodable_invariants_file_is_one_line_and_exit_2(tmp_path, capsys, command, kind):
     path = tmp_path / "inv.json"
     path.write_bytes(INVARIANT_FILES[kind])
@@ -289,3 +289,35 @@ def test_check_of_a_trace_with_a_flipped_last_frame_exits_2_without_a_missing_ra
     line = _one_line_error(err, "check")
     assert "checksum mismatch" in line and str(paths[1]) in line
     assert "AllRanksReport" not in out and "torn" not in out
+
+
+# ---------------------------------------------------------------- 13: collect -i
+
+@pytest.mark.parametrize("text, named", [
+    ("This file lists what we train.\nSee the wiki.\n", "'This file lists what we train.' (line 1)"),
+    ("torch.optim.Optimizer.zero_grad\ntorch.optim.Optimizer.stepp  # typo\n", "'torch.optim.Optimizer.stepp' (line 2)"),
+    ("torch.nn.Module.eval\nmylib.train_step\n", "'mylib.train_step' (line 2)"),
+])
+def test_collect_rejects_an_api_list_naming_what_it_cannot_record(tmp_path, capsys, text, named):
+    path = tmp_path / "apis.txt"
+    path.write_text(text)
+    assert main(["collect", "-i", str(path), "--", sys.executable, "-c", "pass"]) == 2
+    line = _one_line_error(capsys.readouterr().err, "collect")
+    assert named in line and "apis.txt" in line
+
+
+def test_collect_rejects_json_that_is_not_an_invariants_file(tmp_path, capsys):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model": "resnet", "apis": ["torch.save"]}))
+    assert main(["collect", "-i", str(path), "--", sys.executable, "-c", "pass"]) == 2
+    assert "config.json" in _one_line_error(capsys.readouterr().err, "collect")
+
+
+def test_an_api_list_of_recordable_names_is_accepted():
+    from producers.selection import is_known_api
+
+    assert is_known_api("torch.optim.Optimizer.zero_grad")  # a default family
+    assert is_known_api("torch.matmul") and is_known_api("torch.nn.functional.relu")  # via the function mode
+    assert is_known_api("torch.Tensor.add_")
+    for name in ("torch.matmull", "torch", "os.system", "torch.optim.Adam.step", "torch.nn.Linear"):
+        assert not is_known_api(name), name  # Adam.step is recorded as the family torch.optim.Optimizer.step
