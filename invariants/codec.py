@@ -5,10 +5,13 @@ followed by *frames*; each frame is ``length (u32 BE) | crc32 (u32 BE) | payload
 the payload is the same bytes as a Kafka message value.  Framing with a length and a
 checksum is what lets a reader tell the two failure modes apart:
 
-* a torn last frame (the writer was killed mid-write) is expected after a crash: it is
-  reported as truncation and the complete frames before it are still returned;
-* a bad checksum or impossible length *inside* the file is real corruption: it raises
-  `TraceCorruption` naming the byte offset.
+* a last frame cut short (the writer was killed mid-write: fewer bytes than its length
+  header announces) is expected after a crash: it is reported as truncation and the
+  complete frames before it are still returned;
+* a complete frame whose checksum does not match, or an impossible length, is real
+  corruption wherever it lies, the last frame included: it raises `TraceCorruption`
+  naming the byte offset.  (Skipping a damaged last frame as "torn" would drop the
+  step end it holds and report a healthy rank as missing.)
 
 Nothing here opens files: callers hand in a binary stream, so the core stays free of
 I/O policy (paths, permissions, directories).
@@ -60,14 +63,31 @@ def encode_batch(batch: Batch) -> bytes:
     return msgpack.packb(batch, use_bin_type=True)
 
 
+def decode_bounded(decoder: Any, payload: Any) -> Any:
+    """``decoder.decode(payload)``, with nesting too deep to decode as a `SchemaError`.
+
+    The decoders recurse once per nesting level under the interpreter's recursion
+    guard (about 1,000 levels; a producer's batches nest fewer than 10), so a small
+    hostile message could otherwise escape as a `RecursionError` instead of being
+    rejected like any other bad input.  Every msgpack decode of untrusted bytes goes
+    through here.
+    """
+    try:
+        return decoder.decode(payload)
+    except RecursionError:
+        raise SchemaError("too_deep", "batch: values nested too deeply to decode") from None
+
+
 def decode_batch(payload: bytes, *, max_bytes: int = MAX_BATCH_BYTES) -> Batch:
     """Decode and validate one batch; every failure is a `SchemaError` with a reason."""
     if len(payload) > max_bytes:
         raise SchemaError("oversized", f"batch of {len(payload)} bytes exceeds {max_bytes}")
     try:
-        obj: Any = _DECODER.decode(payload)
+        obj: Any = decode_bounded(_DECODER, payload)
     except msgspec.DecodeError as exc:
         raise SchemaError("undecodable", f"not a msgpack batch: {exc}") from None
+    except SchemaError:
+        raise
     except Exception as exc:  # hostile input may raise other types (e.g. unhashable map keys)
         raise SchemaError("undecodable", f"not a msgpack batch: {type(exc).__name__}: {exc}") from None
     return validate_batch(obj)
@@ -88,7 +108,7 @@ class FrameScan:
 def iter_frames(stream: BinaryIO, scan: FrameScan | None = None) -> Iterator[bytes]:
     """Yield frame payloads from a trace stream positioned at its start.
 
-    A torn final frame ends iteration and is recorded in ``scan.truncated_at``.
+    A final frame cut short ends iteration and is recorded in ``scan.truncated_at``.
     """
     scan = scan if scan is not None else FrameScan()
     magic = stream.read(len(TRACE_MAGIC))
@@ -113,11 +133,6 @@ def iter_frames(stream: BinaryIO, scan: FrameScan | None = None) -> Iterator[byt
             scan.truncated_at = offset
             return
         if zlib.crc32(payload) != crc:
-            # A checksum mismatch on the very last frame is a torn write whose length
-            # header landed but whose payload did not fully reach the disk.
-            if not stream.read(1):
-                scan.truncated_at = offset
-                return
             raise TraceCorruption("frame checksum mismatch", offset)
         scan.frames += 1
         yield payload

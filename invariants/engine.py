@@ -28,7 +28,7 @@ from .relations import ALL_RANKS_REPORT
 from .relations.base import WindowView
 from .relations.consistent import replication_baseline, tie_baseline
 from .relations.stable_variables import variable_counts
-from .window import FactPlan, WindowState
+from .window import LISTED_RANKS, FactPlan, WindowState
 
 #: Offending sites listed per violation; the count of all of them is always reported.
 MAX_EVIDENCE_ITEMS = 5
@@ -147,10 +147,8 @@ class Engine:
                     if needs_records(predicate) and not predicate(site.get_records()):
                         continue
                     self._record(found, counts, compiled, template, site, window)
-        if self.report_missing_ranks:
-            missing = window.missing_ranks()
-            if missing:
-                self._record_missing(found, window, missing)
+        if self.report_missing_ranks and window.missing_count():
+            self._record_missing(found, window)
         violations = sorted(found.values(), key=lambda v: v.invariant)
         for vid, count in counts.items():
             if count > 1:
@@ -200,8 +198,12 @@ class Engine:
         if len(more) < MAX_EVIDENCE_ITEMS - 1:
             more.append(template.violation_evidence(inv.params, site))
 
-    def _record_missing(self, found: dict[str, Violation], window: WindowState, missing: list[int]) -> None:
+    def _record_missing(self, found: dict[str, Violation], window: WindowState) -> None:
+        """Counts are exact; rank numbers are listed up to `LISTED_RANKS` each, so the
+        record stays small however large the declared world is."""
         inv = ALL_RANKS_REPORT
+        missing = window.missing_ranks()
+        reported = sorted(r for r, f in window.ranks.items() if f["ended"])
         found[inv.id] = Violation(
             invariant=inv.id,
             relation=inv.relation,
@@ -210,10 +212,21 @@ class Engine:
             step=window.step,
             ranks=missing,
             stage=window.stage(),
-            evidence={"first": {"world": window.world, "reported": sorted(r for r, f in window.ranks.items() if f["ended"]),
-                                "missing": missing}},
+            evidence={"first": self._missing_evidence(window.world, missing, reported)},
             hint="a rank is stalled, crashed or lost its connection; the others may hang at the next collective",
         )
+
+    @staticmethod
+    def _missing_evidence(world: int, missing: list[int], reported: list[int]) -> dict[str, Any]:
+        """World, missing and reported ranks; a list cut to `LISTED_RANKS` comes with its
+        exact count (small jobs keep the plain lists)."""
+        evidence: dict[str, Any] = {"world": world, "missing": missing, "reported": reported[:LISTED_RANKS]}
+        missing_count = world - len(reported)
+        if missing_count > len(missing):
+            evidence["missing_count"] = missing_count
+        if len(reported) > LISTED_RANKS:
+            evidence["reported_count"] = len(reported)
+        return evidence
 
     @staticmethod
     def _update_run_state(window: WindowState, run_state: RunState, violations: int) -> None:

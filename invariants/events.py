@@ -52,6 +52,11 @@ STEP_PHASES = frozenset({"begin", "end"})
 #: are the ones the shipped invariants speak about.
 KNOWN_STAGES = ("init", "train", "eval", "checkpoint", "end")
 
+#: The largest job a batch may declare.  Completeness checks and reports scale with
+#: the declared world size, so an absurd one (a bug or a hostile sender) is rejected
+#: here as ``bad_value`` instead of costing every consumer work and memory per rank.
+MAX_WORLD = 65_536
+
 Batch = dict[str, Any]
 Event = dict[str, Any]
 
@@ -169,6 +174,16 @@ def _event_is_valid(event: Any) -> bool:
     return phases is None or event["phase"] in phases
 
 
+def check_bounds(rank: int, world: int, step: int) -> None:
+    """The value checks of a batch header, shared by the dict and the typed decoders."""
+    if world > MAX_WORLD:
+        raise SchemaError("bad_value", f"batch: world size {world} exceeds the maximum of {MAX_WORLD} ranks")
+    if rank < 0 or world < 1 or rank >= world:
+        raise SchemaError("bad_value", f"batch: rank {rank} is outside world size {world}")
+    if step < 0:
+        raise SchemaError("bad_value", f"batch: negative step {step}")
+
+
 def validate_batch(batch: Any) -> Batch:
     """Check a decoded batch against the contract; return it unchanged.
 
@@ -187,12 +202,7 @@ def validate_batch(batch: Any) -> Batch:
                 f"(this build reads {sorted(SUPPORTED_VERSIONS)})",
             )
     _check_fields(batch, _BATCH_FIELDS, "batch")
-    if batch["rank"] < 0 or batch["world"] < 1 or batch["rank"] >= batch["world"]:
-        raise SchemaError(
-            "bad_value", f"batch: rank {batch['rank']} is outside world size {batch['world']}"
-        )
-    if batch["step"] < 0:
-        raise SchemaError("bad_value", f"batch: negative step {batch['step']}")
+    check_bounds(batch["rank"], batch["world"], batch["step"])
     for index, event in enumerate(batch["events"]):
         if not _event_is_valid(event):
             validate_event(event, f"batch.events[{index}]")

@@ -35,6 +35,9 @@ from .wire import UNSET, payload, wire_types
 
 #: Snapshot attributes worth keeping for preconditions and evidence, besides digests.
 BASE_STATE_ATTRS = ("requires_grad", "dtype", "mtype", "is_leaf", "shape")
+#: How many rank numbers a completeness report names; the count is always exact.  A
+#: window of a large job missing most ranks must not produce a list per rank.
+LISTED_RANKS = 8
 
 
 @dataclass
@@ -258,8 +261,24 @@ class WindowState:
         return fact
 
     # ------------------------------------------------------------------ queries
-    def missing_ranks(self) -> list[int]:
-        return [r for r in range(self.world) if not self.ranks.get(r, {}).get("ended")]
+    def ended_ranks(self) -> int:
+        return sum(1 for facts in self.ranks.values() if facts["ended"])
+
+    def missing_count(self) -> int:
+        """Ranks of the declared world that have not ended the step (ranks are < world)."""
+        return self.world - self.ended_ranks()
+
+    def missing_ranks(self, limit: int = LISTED_RANKS) -> list[int]:
+        """The lowest ``limit`` missing ranks: the walk stops after them, so its cost
+        follows the ranks that reported, never the declared world size."""
+        missing: list[int] = []
+        for rank in range(self.world):
+            if len(missing) >= limit:
+                break
+            facts = self.ranks.get(rank)
+            if facts is None or not facts["ended"]:
+                missing.append(rank)
+        return missing
 
     def missing_workers(self) -> int:
         """Announced DataLoader workers of this step that have not reported yet."""
@@ -267,7 +286,7 @@ class WindowState:
                    for facts in self.ranks.values())
 
     def is_complete(self) -> bool:
-        return self.world > 0 and not self.missing_ranks() and not self.missing_workers()
+        return self.world > 0 and not self.missing_count() and not self.missing_workers()
 
     def stage(self) -> str:
         """The window's stage: the most common stage among the ranks that reported."""

@@ -31,8 +31,8 @@ from typing import Any, ClassVar, Iterable, Literal, Mapping, TypedDict, Union
 import msgpack
 import msgspec
 
-from .codec import MAX_BATCH_BYTES, _extension, decode_batch
-from .events import SUPPORTED_VERSIONS, SchemaError
+from .codec import MAX_BATCH_BYTES, _extension, decode_batch, decode_bounded
+from .events import SUPPORTED_VERSIONS, SchemaError, check_bounds
 
 UNSET: Any = msgspec.UNSET
 
@@ -137,7 +137,7 @@ class WireTypes:
         if len(payload) > max_bytes:
             raise SchemaError("oversized", f"batch of {len(payload)} bytes exceeds {max_bytes}")
         try:
-            batch = self.decoder.decode(payload)
+            batch = decode_bounded(self.decoder, payload)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             decode_batch(payload, max_bytes=max_bytes)  # raises the contract's own reason
             raise SchemaError("wrong_type", f"batch: {exc}") from None
@@ -159,7 +159,7 @@ def payload(value: Any) -> Any:
     """The value of a call's ``args``/``kwargs``/``ret``/``ctx``: absent stays None or `UNSET`."""
     if value is None or value is UNSET:
         return value
-    return _PAYLOAD_DECODER.decode(value)
+    return decode_bounded(_PAYLOAD_DECODER, value)
 
 
 def _check_header(batch: Any) -> Any:
@@ -169,10 +169,7 @@ def _check_header(batch: Any) -> Any:
             "unknown_version",
             f"batch schema version {batch.v} is not supported (this build reads {sorted(SUPPORTED_VERSIONS)})",
         )
-    if batch.rank < 0 or batch.world < 1 or batch.rank >= batch.world:
-        raise SchemaError("bad_value", f"batch: rank {batch.rank} is outside world size {batch.world}")
-    if batch.step < 0:
-        raise SchemaError("bad_value", f"batch: negative step {batch.step}")
+    check_bounds(batch.rank, batch.world, batch.step)
     return batch
 
 

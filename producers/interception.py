@@ -308,12 +308,23 @@ def _mode_targets(selection: Selection) -> list[Any]:
     """
     targets = []
     for api in selection.apis - WRAPPED_APIS - HOOKED_APIS:
-        if not api.startswith("torch.") or "." not in api:
-            continue
-        owner = _safe_resolve(api.rsplit(".", 1)[0])
-        if isinstance(owner, type) and owner is not torch.Tensor:
-            continue
-        target = _safe_resolve(api)
-        if callable(target) and not isinstance(target, type):
+        target = mode_target(api)
+        if target is not None:
             targets.append(target)
     return targets
+
+
+def mode_target(api: str) -> Any:
+    """The torch function a ``TorchFunctionMode`` records as ``api``, or None."""
+    if not api.startswith("torch.") or "." not in api:
+        return None
+    owner = _safe_resolve(api.rsplit(".", 1)[0])
+    if isinstance(owner, type) and owner is not torch.Tensor:
+        return None
+    target = _safe_resolve(api)
+    return target if callable(target) and not isinstance(target, type) else None
+
+
+def recordable(api: str) -> bool:
+    """Whether some interception point records calls of the family ``api``."""
+    return api in WRAPPED_APIS or api in HOOKED_APIS or mode_target(api) is not None

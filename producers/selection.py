@@ -3,10 +3,10 @@
 Selective instrumentation is what keeps the overhead low: everything not selected
 returns through a single set lookup.  ``-i FILE`` accepts
 
-* a plain text file of API family names, one per line, ``#`` starts a comment;
-* an invariants JSON file: if the invariants core provides
-  ``invariants.selection.needed_apis(invariant_set)`` it decides; otherwise every
-  string found in an ``"apis"`` list anywhere in the JSON is taken.
+* a plain text file of API family names, one per line, ``#`` starts a comment; every
+  name must be one the producer can record (`is_known_api`);
+* an invariants JSON file, validated by the invariants core, whose
+  ``invariants.selection.needed_apis`` decides.
 
 Names are the stable *family* names events carry in their ``api`` field (e.g.
 ``torch.optim.Optimizer.step``), so a selection learnt on one model transfers to
@@ -16,11 +16,10 @@ families are selected.
 
 from __future__ import annotations
 
-import importlib
-import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 OPTIMIZER_STEP = "torch.optim.Optimizer.step"
 OPTIMIZER_ZERO_GRAD = "torch.optim.Optimizer.zero_grad"
@@ -80,6 +79,9 @@ DEFAULT_APIS: frozenset[str] = frozenset(
 )
 
 
+_DOTTED_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
+
+
 class SelectionError(ValueError):
     """An ``-i`` file that cannot be read as an API list or an invariants file."""
 
@@ -111,86 +113,78 @@ def default_selection(full: bool = False) -> Selection:
 
 
 def load_selection(path: str | Path, full: bool = False) -> Selection:
-    """Read ``-i FILE``; raises `SelectionError` with a one-line reason."""
+    """Read ``-i FILE``; raises `SelectionError` with a one-line reason.
+
+    A file that starts like JSON must be a valid invariants file; anything else must be
+    a list of API family names this build can record.  Either way a mistake is an
+    error, not a selection that silently records too little: the invariants checked
+    later would then report violations the training never committed.
+    """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except OSError as exc:
         raise SelectionError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise SelectionError(f"{path} is not a UTF-8 text file") from None
-    stripped = text.lstrip()
     points: frozenset[str] | None = None
-    if stripped.startswith(("{", "[")):
-        apis, points = _apis_from_invariants(text, path)
+    if data.lstrip().startswith((b"{", b"[")):
+        apis, points = _apis_from_invariants(data, path)
     else:
-        apis = _apis_from_list(text)
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise SelectionError(f"{path} is not a UTF-8 text file") from None
+        apis = _apis_from_list(text, path)
     if not apis:
         raise SelectionError(f"{path} names no API to instrument")
     # Step boundaries come from optimizer hooks, so those are always on.
     return Selection(apis=frozenset(apis) | {OPTIMIZER_STEP}, full=full, source=str(path), state_points=points)
 
 
-def _apis_from_list(text: str) -> set[str]:
-    apis = set()
-    for line in text.splitlines():
+def _apis_from_list(text: str, path: Path) -> set[str]:
+    apis: dict[str, int] = {}
+    for number, line in enumerate(text.splitlines(), 1):
         name = line.split("#", 1)[0].strip()
         if name:
-            apis.add(name)
-    return apis
+            apis.setdefault(name, number)
+    unknown = [(name, number) for name, number in apis.items() if not is_known_api(name)]
+    if unknown:
+        listed = ", ".join(f"{name[:60]!r} (line {number})" for name, number in unknown[:3])
+        more = f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""
+        raise SelectionError(f"{path}: not an API family this build can record: {listed}{more} "
+                             f"(expected one name per line, e.g. {OPTIMIZER_ZERO_GRAD}, or an invariants JSON file)")
+    return set(apis)
 
 
-def _apis_from_invariants(text: str, path: Path) -> tuple[set[str], frozenset[str] | None]:
+def is_known_api(name: str) -> bool:
+    """A family the producer records: a default one, or one a hook, a wrapper or the
+    torch function mode records (a ``torch.*`` function or ``torch.Tensor`` method)."""
+    if name in DEFAULT_APIS:
+        return True
+    if not _DOTTED_NAME.fullmatch(name):
+        return False
+    from .interception import recordable  # imports torch: only for names outside the defaults
+
+    return recordable(name)
+
+
+def _apis_from_invariants(data: bytes, path: Path) -> tuple[set[str], frozenset[str] | None]:
+    """What an invariant set needs recorded, as the invariants core computes it."""
+    from invariants.invariant_file import InvariantFileError, load_set
+    from invariants.selection import needed_apis
+
     try:
-        document = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SelectionError(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno}") from None
-    needed = _core_needed(document, path)
-    if needed is not None:
-        return needed
-    return set(_strings_under_apis(document)), None
-
-
-def _core_needed(document: Any, path: Path) -> tuple[set[str], frozenset[str] | None] | None:
-    """Ask the invariants core which APIs and snapshot points an invariant set needs."""
-    try:
-        core = importlib.import_module("invariants.selection")
-    except ImportError:
-        return None
-    needed_apis = getattr(core, "needed_apis", None)
-    if needed_apis is None:
-        return None
-    try:
-        from invariants.invariant_file import load_set
-
-        invariant_set = load_set(document, source=str(path))
-        apis = {str(api) for api in needed_apis(invariant_set)}
-    except Exception as exc:  # the core validates; its message is the useful one
-        raise SelectionError(str(exc) if str(path) in str(exc) else f"{path}: {exc}") from None
-    return apis, _state_points(invariant_set)
+        invariant_set = load_set(data, source=str(path))
+    except InvariantFileError as exc:
+        raise SelectionError(str(exc)) from None
+    return set(needed_apis(invariant_set)), _state_points(invariant_set)
 
 
 def _state_points(invariant_set: Any) -> frozenset[str] | None:
     """Union of the snapshot points the invariants' templates read; None = cannot tell."""
     points: set[str] = set()
-    try:
-        for compiled in invariant_set.compiled:
-            plan = compiled.template.needs(compiled.invariant.params)
-            if plan.state_points is None:
-                return None
-            points.update(plan.state_points)
-    except AttributeError:
-        return None
+    for compiled in invariant_set.compiled:
+        plan = compiled.template.needs(compiled.invariant.params)
+        if plan.state_points is None:
+            return None
+        points.update(plan.state_points)
     return frozenset(points)
-
-
-def _strings_under_apis(node: Any) -> Iterable[str]:
-    if isinstance(node, dict):
-        for key, value in node.items():
-            if key == "apis" and isinstance(value, list):
-                yield from (item for item in value if isinstance(item, str))
-            else:
-                yield from _strings_under_apis(value)
-    elif isinstance(node, list):
-        for item in node:
-            yield from _strings_under_apis(item)

@@ -296,9 +296,6 @@ def test_selection_files(tmp_path):
     not_invariants.write_text(json.dumps({"invariants": [{"relation": "X"}]}))
     with pytest.raises(SelectionError, match="other.json"):
         load_selection(not_invariants)
-    from producers.selection import _strings_under_apis  # the fallback without an invariants core
-
-    assert set(_strings_under_apis({"a": [{"apis": ["x", 1]}, {"b": {"apis": ["y"]}}]})) == {"x", "y"}
     for bad, message in [("{not json", "not valid JSON"), ("# only a comment\n", "names no API")]:
         path = tmp_path / "bad"
         path.write_text(bad)

@@ -3,9 +3,11 @@
 One file per process; each file is already in step order, so a k-way merge on the
 step number hands the engine every rank's step *k* before anyone's step *k+1* and
 windows close as soon as they can: memory stays bounded by a few open windows, not by
-the trace size.
+the trace size.  The merge reads every file in turn, but at most `MAX_OPEN_FILES` are
+open at once (a large job's directory holds more files than a process may open): a
+file closed to make room is reopened at the position it was read up to.
 
-Damage is reported precisely: a torn last frame (a killed writer) is recorded in
+Damage is reported precisely: a last frame cut short (a killed writer) is recorded in
 `TraceReadReport.truncated` and skipped; anything else raises `TraceDirError` naming
 the file and byte offset.
 """
@@ -13,6 +15,7 @@ the file and byte offset.
 from __future__ import annotations
 
 import heapq
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterable, Iterator
@@ -29,6 +32,10 @@ from invariants.codec import (
     iter_frames,
 )
 from invariants.events import Batch, SchemaError
+
+
+#: Trace files held open at once while merging; the rest are reopened when next read.
+MAX_OPEN_FILES = 64
 
 
 class TraceDirError(ValueError):
@@ -62,31 +69,85 @@ def _header(batch: Any) -> tuple[int, int]:
     return batch.step, len(batch.events)
 
 
-def _file_batches(path: Path, report: TraceReadReport, decode: Callable[[bytes], Any]) -> Iterator[Any]:
+class _OpenFiles:
+    """The descriptors of a merge: at most ``limit`` open, least recently read closed first."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.open: OrderedDict[_ResumableFile, None] = OrderedDict()
+
+    def touch(self, file: "_ResumableFile") -> None:
+        self.open.move_to_end(file)
+
+    def admit(self, file: "_ResumableFile") -> None:
+        while len(self.open) >= self.limit:
+            oldest, _ = self.open.popitem(last=False)
+            oldest.release()
+        self.open[file] = None
+
+    def forget(self, file: "_ResumableFile") -> None:
+        self.open.pop(file, None)
+
+
+class _ResumableFile:
+    """A binary stream over one trace file that may be closed between reads and
+    reopens where it left off: `iter_frames` reads it as if it stayed open."""
+
+    def __init__(self, path: Path, files: _OpenFiles) -> None:
+        self.path = path
+        self.files = files
+        self.position = 0
+        self.handle: BinaryIO | None = None
+
+    def read(self, size: int) -> bytes:
+        if self.handle is None:
+            self.files.admit(self)
+            self.handle = self.path.open("rb")
+            self.handle.seek(self.position)
+        else:
+            self.files.touch(self)
+        data = self.handle.read(size)
+        self.position += len(data)
+        return data
+
+    def release(self) -> None:
+        if self.handle is not None:
+            self.handle.close()
+            self.handle = None
+
+    def close(self) -> None:
+        self.release()
+        self.files.forget(self)
+
+
+def _file_batches(path: Path, report: TraceReadReport, decode: Callable[[bytes], Any],
+                  files: _OpenFiles) -> Iterator[Any]:
     scan = FrameScan()
     offset = len(TRACE_MAGIC)
+    stream = _ResumableFile(path, files)
     try:
-        with path.open("rb") as stream:
+        for payload in iter_frames(stream, scan):  # type: ignore[arg-type]
             try:
-                for payload in iter_frames(stream, scan):
-                    try:
-                        batch = decode(payload)
-                    except SchemaError as exc:
-                        raise TraceDirError(f"{path}: corrupt batch at byte offset {offset}: {exc}") from None
-                    offset += FRAME_HEADER.size + len(payload)
-                    report.batches += 1
-                    report.events += _header(batch)[1]
-                    yield batch
-            except TraceCorruption as exc:
-                raise TraceDirError(f"{path}: corrupt at byte offset {exc.offset}: {exc}") from None
+                batch = decode(payload)
+            except SchemaError as exc:
+                raise TraceDirError(f"{path}: corrupt batch at byte offset {offset}: {exc}") from None
+            offset += FRAME_HEADER.size + len(payload)
+            report.batches += 1
+            report.events += _header(batch)[1]
+            yield batch
+    except TraceCorruption as exc:
+        raise TraceDirError(f"{path}: corrupt at byte offset {exc.offset}: {exc}") from None
     except OSError as exc:
         raise TraceDirError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    finally:
+        stream.close()
     if scan.truncated_at is not None:
         report.truncated.append((str(path), scan.truncated_at))
 
 
 def read_trace_dir(trace_dir: str | Path, report: TraceReadReport | None = None, *,
-                   decode: Callable[[bytes], Any] = decode_batch) -> Iterator[Any]:
+                   decode: Callable[[bytes], Any] = decode_batch,
+                   max_open_files: int = MAX_OPEN_FILES) -> Iterator[Any]:
     """All batches of a trace directory, merged by step (ties: file order, then file position).
 
     ``decode`` turns a frame into a batch: dicts by default; ``check`` and ``infer`` pass
@@ -95,9 +156,10 @@ def read_trace_dir(trace_dir: str | Path, report: TraceReadReport | None = None,
     report = report if report is not None else TraceReadReport()
     files = trace_files(trace_dir)
     report.files.extend(str(f) for f in files)
+    open_files = _OpenFiles(max_open_files)
     streams = [
         ((_header(batch)[0], index, position, batch)
-         for position, batch in enumerate(_file_batches(path, report, decode)))
+         for position, batch in enumerate(_file_batches(path, report, decode, open_files)))
         for index, path in enumerate(files)
     ]
     for _, _, _, batch in heapq.merge(*streams, key=lambda item: item[:3]):

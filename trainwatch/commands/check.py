@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         if args.invariants:
             path = Path(args.invariants)
             try:
-                text = path.read_text(encoding="utf-8")
+                text = path.read_bytes()  # the loader names a non-UTF-8 file
             except OSError as exc:
                 return _fail(f"{path}: cannot read: {exc.strerror or exc}")
             invariant_set = load_set(text, str(path))
