@@ -276,8 +276,10 @@ def test_a_run_that_never_trained_beside_a_healthy_one_is_not_ok(tmp_path, ranks
     write_trace_dir(tmp_path / "t", [_window("b", 0, seq=0, setup=True, final=True)], prefix="b-")
     assert main(["check", "-i", ranks_only, str(tmp_path / "t")]) == 2
     captured = capsys.readouterr()
-    assert captured.out.startswith("OK: no violation in 3 training iterations (run a: rank 0, 3 iterations; "
-                                   "setup window checked; 0 windows unchecked)\n")
+    note, verdict = captured.out.splitlines()[:2]
+    assert note.startswith("note: the traces hold 2 runs, checked separately: run a: ")
+    assert verdict == ("OK: no violation in 3 training iterations (run a: rank 0, 3 iterations; "
+                       "setup window checked; 0 windows unchecked)")
     assert captured.err == ("trainwatch check: no training iteration recorded for run b: 0 optimizer steps, "
                             "0 training iterations (setup window checked: no violation)\n")
 

@@ -197,7 +197,14 @@ def test_serve_dead_letters_world_bombs_and_deep_nesting_and_keeps_checking(kafk
 # ---------------------------------------------------------------- 8: descriptor limit
 
 def _many_rank_trace(directory: Path, ranks: int, steps: int = 2) -> None:
-    write_trace_dir(directory, [_step_batch(rank, ranks, step) for step in range(steps) for rank in range(ranks)])
+    """A setup window, then training iterations (so that ``check`` has something to judge)."""
+    batches = []
+    for step in range(steps):
+        for rank in range(ranks):
+            batch = _step_batch(rank, ranks, step)
+            batch["events"][-1].update({"setup": True} if step == 0 else {"trained": True, "boundary": "optimizer"})
+            batches.append(batch)
+    write_trace_dir(directory, batches)
 
 
 def test_merging_with_few_descriptors_gives_the_same_batches(tmp_path):
