@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,6 +34,8 @@ from scoring import score  # noqa: E402
 from trace_facts import TraceFacts, trace_facts  # noqa: E402
 
 DEFAULT_WORK = HERE / ".work"
+RESULTS = HERE.parent / "RESULTS.md"
+BEGIN, END = "<!-- run-model:begin -->", "<!-- run-model:end -->"
 
 
 @dataclass(frozen=True)
@@ -179,6 +182,49 @@ def render(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def render_markdown(rows: list[Row], command: str, versions: str, minutes: float) -> str:
+    """The RESULTS.md section: the same rows as the console table."""
+    lines = [BEGIN, "## Run-model and framework programs (`benchmarks/frameworks/run.py`)", "",
+             f"Command: `{command}` — {minutes:.1f} min on 2 CPU cores, one training thread per rank; {versions}; zero-config (`trainwatch collect` + `trainwatch check` with the "
+             "default set). Onsets are trace steps (iteration + 1 when the trace opens with a setup window); "
+             "a bug counts when an invariant its twin does not violate fires at the onset or the next step.", "",
+             "| program | kind | check exit | windows | setup window | iterations | onset step | verdict "
+             "| first is the bug | first violation (step: relation: description) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        first = f"{r.first['step']}: {r.first['relation']}: {r.first['description']}" if r.first else "—"
+        first = first.replace("|", "\\|")
+        lines.append(f"| `{r.id}` | {r.kind} | {r.check_exit} | {r.windows_checked} | "
+                     f"{'yes' if r.facts.setup_window else 'no'} | {'—' if r.facts.iterations is None else r.facts.iterations} | "
+                     f"{'—' if r.onset_step is None else r.onset_step} | {r.verdict} | "
+                     f"{'—' if r.first_is_bug is None else ('yes' if r.first_is_bug else 'no')} | "
+                     f"{first} |")
+    summary = render(rows).splitlines()[-1]
+    return "\n".join(lines + ["", summary, END]) + "\n"
+
+
+def write_results(section: str) -> None:
+    text = RESULTS.read_text(encoding="utf-8")
+    if BEGIN in text and END in text:
+        head, _, rest = text.partition(BEGIN)
+        text = head + section.rstrip("\n") + rest.partition(END)[2]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    RESULTS.write_text(text, encoding="utf-8")
+
+
+def _versions() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = []
+    for name in ("torch", "transformers", "lightning", "accelerate"):
+        try:
+            found.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            found.append(f"{name} not installed")
+    return ", ".join(found)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--suite", choices=("frameworks", "run-model", "all"), default="all")
@@ -186,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="runs collected in parallel")
     parser.add_argument("--only", nargs="*", default=None, metavar="ID",
                         help="run only these ids (a bug's twin is added; run-model twins are ID.twin)")
+    parser.add_argument("--write-results", action="store_true",
+                        help=f"rewrite the run-model section of {RESULTS.name} (whole suites only)")
     args = parser.parse_args(argv)
     jobs = jobs_for(args.suite)
     if args.only is not None:
@@ -196,9 +244,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"run.py: error: no program matches {sorted(args.only)}", file=sys.stderr)
             return 2
     args.work.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
     rows = run(jobs, args.work, max(1, args.jobs))
     (args.work / "results.json").write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n", encoding="utf-8")
     print(render(rows))
+    if args.write_results and args.only is None:
+        command = "python benchmarks/frameworks/run.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        write_results(render_markdown(rows, command.strip(), _versions(), (time.monotonic() - started) / 60))
     return 0
 
 
