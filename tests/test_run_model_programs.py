@@ -86,9 +86,11 @@ def test_setup_window_bugs_are_judged_at_step_zero_and_others_after_the_setup_wi
     from registry import onset_step
 
     setup_bug, loop_bug = BY_ID["reinit_after_load"], BY_ID["manual_sgd_grad_accumulates"]
-    assert onset_step(setup_bug, setup_window=True) == onset_step(setup_bug, setup_window=False) == 0
-    assert onset_step(loop_bug, setup_window=False) == loop_bug.onset
-    assert onset_step(loop_bug, setup_window=True) == loop_bug.onset + 1
+    assert setup_bug.in_setup and not loop_bug.in_setup
+    for setup_window in (True, False):
+        assert onset_step(setup_bug.onset, in_setup=True, setup_window=setup_window) == 0
+    assert onset_step(loop_bug.onset, in_setup=False, setup_window=False) == loop_bug.onset
+    assert onset_step(loop_bug.onset, in_setup=False, setup_window=True) == loop_bug.onset + 1
 
 
 def test_registry_describes_every_run_model_program():

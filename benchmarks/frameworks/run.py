@@ -130,7 +130,7 @@ def judge(row: Row, job: Job, bug_violations: list[dict[str, Any]], twin_violati
         row.verdict = "clean" if row.check_exit == 0 and not row.violations else (
             "FALSE ALARM" if row.violations else f"error (exit {row.check_exit})")
         return
-    row.onset_step = 0 if job.in_setup else onset_step_for(job, row.facts)
+    row.onset_step = onset_step(job.onset, in_setup=job.in_setup, setup_window=row.facts.setup_window)
     detection = score(bug_violations, row.onset_step, job.root_cause, twin_violations)
     if detection.first_step is None:
         row.verdict = "missed"
@@ -138,11 +138,6 @@ def judge(row: Row, job: Job, bug_violations: list[dict[str, Any]], twin_violati
         row.verdict = f"caught (+{detection.delay})" if detection.detected else f"late (+{detection.delay})"
     shared = {v.get("invariant") for v in twin_violations}
     row.first_is_bug = bool(row.first) and row.first["invariant"] not in shared and row.first["step"] >= row.onset_step
-
-
-def onset_step_for(job: Job, facts: TraceFacts) -> int:
-    case = BugCase(job.id, "", "", job.root_cause, "", onset=job.onset, in_setup=job.in_setup)
-    return onset_step(case, facts.setup_window)
 
 
 def run(jobs: list[Job], work: Path, parallel: int) -> list[Row]:

@@ -215,12 +215,12 @@ RUN_MODEL_HEALTHY: tuple[HealthyProgram, ...] = (
 BY_ID = {case.id: case for case in BUGS + RUN_MODEL_BUGS}
 
 
-def onset_step(case: BugCase, setup_window: bool) -> int:
-    """The trace step at which ``case``'s bug is live: 0 for a setup-window bug; otherwise
-    its iteration index, shifted by one when the trace opens with a setup window."""
-    if case.in_setup:
+def onset_step(onset: int, *, in_setup: bool, setup_window: bool) -> int:
+    """The trace step at which a bug is live: 0 for a setup-window bug; otherwise its
+    iteration index ``onset``, shifted by one when the trace opens with a setup window."""
+    if in_setup:
         return 0
-    return case.onset + (1 if setup_window else 0)
+    return onset + (1 if setup_window else 0)
 
 
 def as_json() -> str:
