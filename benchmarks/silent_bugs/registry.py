@@ -36,6 +36,9 @@ class BugCase:
     #: Why the shipped default set cannot catch it today (see GAPS.md), if it cannot.
     gap: str = ""
     script: str = field(default="")
+    #: The bug lives in the setup window (construction, initialisation, DataLoader start-up)
+    #: of a program that never trains: it is live from trace step 0 and ``onset`` is unused.
+    in_setup: bool = False
 
     @property
     def path(self) -> Path:
@@ -131,11 +134,97 @@ BUGS: tuple[BugCase, ...] = (
     ),
 )
 
-BY_ID = {case.id: case for case in BUGS}
+
+@dataclass(frozen=True)
+class HealthyProgram:
+    """A healthy program with no buggy twin: it must come back clean."""
+
+    id: str
+    title: str
+    source: str
+    launch: str = SINGLE
+    steps: int = 6
+
+    @property
+    def path(self) -> Path:
+        return HERE / f"{self.id}.py"
+
+    def command(self, python: str, *, seed: int = 0, steps: int | None = None) -> list[str]:
+        launcher = [python] if self.launch == SINGLE else [
+            python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        ]
+        return launcher + [str(self.path), "--steps", str(steps or self.steps), "--seed", str(seed)]
+
+
+#: Programs shaped the way real training code is rather than the way the producer first
+#: modelled it: updates without ``torch.optim``, closures, ``Module.zero_grad``, several
+#: optimizers, steps that change nothing, programs that never train, compiled DDP, and
+#: evaluation helpers that re-seed. ``onset`` counts training iterations from 0 (the
+#: ``--onset`` flag); with a setup window in the trace (step 0) iteration ``k`` is trace
+#: step ``k + 1`` — ``onset_step`` converts.
+RUN_MODEL_BUGS: tuple[BugCase, ...] = (
+    BugCase(
+        "manual_sgd_grad_accumulates", "hand-written SGD loop stops calling model.zero_grad(); gradients accumulate",
+        "pytorch/examples word_language_model loop + StackOverflow 'why zero_grad'", ("zero_grad", "grad"),
+        "APISequence (gradients cleared between iterations)",
+    ),
+    BugCase(
+        "manual_sgd_update_discarded", "hand-written update rebinds `p = p - lr * p.grad`; parameters never change",
+        "PyTorch-forum (manual update does not change parameters)", ("0.weight", "0.bias", "2.weight", "2.bias"),
+        "EventContain (iteration with backward changes parameters)",
+    ),
+    BugCase(
+        "gan_module_zero_grad", "DCGAN-style loop drops netD.zero_grad(); D steps on accumulated and leaked gradients",
+        "pytorch/examples dcgan", ("zero_grad", "optimizerD", "opt0"), "APISequence (per optimizer, Module.zero_grad clears)",
+    ),
+    BugCase(
+        "two_optimizers_one_forgotten", "decoder_optimizer.zero_grad() dropped; encoder's zero_grad hides it",
+        "PyTorch seq2seq tutorial (encoder/decoder optimizers)", ("zero_grad", "opt1", "decoder"),
+        "APISequence (per optimizer)",
+    ),
+    BugCase(
+        "optimizer_holds_stale_params", "model rebuilt on resume, optimizer keeps the old parameters; nothing updates",
+        "PyTorch-forum (loss flat after resuming from checkpoint)", ("Optimizer.step", "0.weight", "2.weight"),
+        "EventContain (optimizer step changes the model's parameters)",
+    ),
+    BugCase(
+        "reinit_after_load", "evaluation job re-initialises loaded weights with module.weight.data.normal_()",
+        "Transformers (fine-tuned model at chance after loading; _init_weights re-run)",
+        ("normal_", "param_overwrite", "embed.weight", "proj.weight", "classifier.weight"),
+        "APIAbsent-in-stage (parameter overwritten after load_state_dict)", onset=0, in_setup=True,
+    ),
+    BugCase(
+        "dataloader_only_same_rng", "DataLoader-only job: dataset-owned numpy RNG not reseeded per worker",
+        "StackOverflow-67180955", ("worker_init", "numpy", "rng"), "APIArg (distinct across workers)",
+        onset=0, in_setup=True,
+    ),
+    BugCase(
+        "compiled_ddp_drift", "torch.compile'd DDP model: every micro-batch under no_sync(); replicas drift",
+        "PyTorch-forum (no_sync gradient accumulation never syncs)", ("0.weight", "0.bias", "2.weight", "2.bias"),
+        "Consistent (parameters equal across ranks)", launch=TORCHRUN_2,
+    ),
+)
+
+RUN_MODEL_HEALTHY: tuple[HealthyProgram, ...] = (
+    HealthyProgram("lbfgs_closure", "full-batch L-BFGS; every forward/backward inside step(closure)",
+                   "pytorch/examples time_sequence_prediction"),
+    HealthyProgram("reseed_before_eval", "test() re-seeds with torch.manual_seed before model.eval()",
+                   "pytorch/examples-style test(model) helpers"),
+)
+
+BY_ID = {case.id: case for case in BUGS + RUN_MODEL_BUGS}
+
+
+def onset_step(onset: int, *, in_setup: bool, setup_window: bool) -> int:
+    """The trace step at which a bug is live: 0 for a setup-window bug; otherwise its
+    iteration index ``onset``, shifted by one when the trace opens with a setup window."""
+    if in_setup:
+        return 0
+    return onset + (1 if setup_window else 0)
 
 
 def as_json() -> str:
-    return json.dumps([{**asdict(case), "script": case.path.name} for case in BUGS], indent=2)
+    return json.dumps([{**asdict(case), "script": case.path.name} for case in BUGS + RUN_MODEL_BUGS], indent=2)
 
 
 if __name__ == "__main__":
