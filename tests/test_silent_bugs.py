@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks" / "silent_bugs"))
 
 import harness  # noqa: E402
-from registry import BUGS, BY_ID  # noqa: E402
+from registry import BUGS, BY_ID, onset_step  # noqa: E402
 from scoring import DETECTION_WINDOW, score  # noqa: E402
 
 #: bug id -> the relation that must report it first (within DETECTION_WINDOW of onset)
@@ -61,7 +61,8 @@ def test_bug_is_caught_at_onset_by_the_expected_relation(checked_runs, bug_id):
     case = BY_ID[bug_id]
     result = checked_runs[(bug_id, True)]
     assert result.exit_code == 1, f"{bug_id}: check exit {result.exit_code} {result.error}"
-    detection = score(result.violations, case.onset, case.root_cause)
+    detection = score(result.violations, onset_step(case.onset, in_setup=case.in_setup, setup_window=True),
+                      case.root_cause)
     assert detection.early_violations == 0, f"{bug_id}: violations before the onset: {result.violations[:2]}"
     assert detection.first_step is not None and 0 <= detection.delay <= DETECTION_WINDOW, detection
     assert FAST_SUBSET[bug_id] in detection.relations, detection.relations
@@ -85,7 +86,7 @@ def test_registry_describes_every_reproduction():
 
 
 def test_scoring_separates_onset_late_and_early_violations():
-    onset = 2  # iteration 2 is step 3 (step 0 is setup)
+    onset = 3
     on_time = [{"step": 4, "relation": "Consistent", "description": "param data equal across ranks"}]
     assert score(on_time, onset, ["param"]).detected
     assert score(on_time, onset, ["param"]).names_root_cause

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import build_default_set  # noqa: E402
 from harness import REPO, CollectResult, check, collect, infer  # noqa: E402
 from references import REFERENCES  # noqa: E402
-from registry import BUGS, BugCase  # noqa: E402
+from registry import BUGS, BugCase, onset_step  # noqa: E402
 from scoring import Detection, FalsePositives, score  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "RESULTS.md"
@@ -76,7 +76,8 @@ def evaluate_bug(case: BugCase, runs: dict[str, CollectResult], work: Path, defa
     for mode, invariants in (("default", default_set), ("inferred", inferred)):
         bug = check(runs["bug"].trace_dir, out / f"check-{mode}-bug.json", invariants)
         twin = check(runs["twin"].trace_dir, out / f"check-{mode}-twin.json", invariants)
-        detection = score(bug.violations, case.onset, case.root_cause, twin.violations)
+        onset = onset_step(case.onset, in_setup=case.in_setup, setup_window=True)  # step 0 is setup
+        detection = score(bug.violations, onset, case.root_cause, twin.violations)
         row[mode] = {
             "detection": asdict(detection),
             "check_exit": bug.exit_code,

@@ -11,9 +11,6 @@ from typing import Any, Iterable, Sequence
 #: A detection counts when the first violation at or after the onset comes within this
 #: many steps of it (the target: "within one step of onset").
 DETECTION_WINDOW = 1
-#: Programs count their iterations from 0; the producer's window 0 is setup, so
-#: iteration ``i`` is step ``i + FIRST_ITERATION_STEP``.
-FIRST_ITERATION_STEP = 1
 
 
 @dataclass
@@ -49,7 +46,6 @@ def score(violations: Sequence[dict[str, Any]], onset: int, root_cause: Sequence
     """Judge one buggy run. An invariant that the healthy twin violates too says nothing
     about the bug (it fires on the shared, healthy part of the program), so its
     violations do not count as a detection."""
-    onset = onset + FIRST_ITERATION_STEP  # the step (window) in which the bug first acts
     shared = {v.get("invariant") for v in twin_violations}
     violations = [v for v in violations if v.get("invariant") not in shared]
     early = [v for v in violations if v.get("step", 0) < onset]
