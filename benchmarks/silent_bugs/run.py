@@ -31,7 +31,7 @@ import build_default_set  # noqa: E402
 from harness import REPO, CollectResult, check, collect, infer  # noqa: E402
 from references import REFERENCES  # noqa: E402
 from registry import BUGS, BugCase, onset_step  # noqa: E402
-from scoring import Detection, FalsePositives, score  # noqa: E402
+from scoring import FalsePositives, score  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "RESULTS.md"
 BEGIN, END = "<!-- silent-bugs:begin -->", "<!-- silent-bugs:end -->"
