@@ -105,6 +105,7 @@ class APIAbsent(Template):
         run_windows = store.setdefault("run_windows", {})
         api_windows = store.setdefault("api_windows", {})
         stage_windows = store.setdefault("stage_windows", {})
+        stage_step_windows = store.setdefault("stage_step_windows", {})
         run = view.run
         for rank in view.ranks():
             run_windows[run] = run_windows.get(run, 0) + 1
@@ -112,6 +113,8 @@ class APIAbsent(Template):
             if stage:
                 key = (run, stage)
                 stage_max[key] = max(stage_max.get(key, -1), view.step)
+                per_step = stage_step_windows.setdefault(stage, {})
+                per_step[view.step] = per_step.get(view.step, 0) + 1
             apis_here: set[str] = set()
             stages_here: set[str] = set()
             for call in view.calls(rank):
@@ -152,7 +155,10 @@ class APIAbsent(Template):
                 tails = [m for (run, s), m in stage_max.items() if s == stage]
                 if not tails or max(tails) < last_use + ABSENT_MIN_TAIL:
                     continue
-                self._add(found, api, stage, last_use, max(tails) - last_use)
+                # positive examples: the rank-windows of that stage, in every run, after the last use
+                held = sum(n for step, n in store.get("stage_step_windows", {}).get(stage, {}).items()
+                           if step > last_use)
+                self._add(found, api, stage, last_use, held)
         # training-loop APIs (called in most steps of every run) that a stage never sees:
         # "the optimizer never steps during evaluation"
         run_windows: dict = store.get("run_windows", {})
