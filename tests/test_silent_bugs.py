@@ -147,3 +147,11 @@ def test_shipping_rules_need_pipelines_of_several_styles_examples_and_agreed_con
     assert evidence_reasons(candidate, support, agreed) == []
     assert [r.split(":")[0] for r in evidence_reasons(candidate, support, disputed)] == [
         "pipelines pin different values"]
+
+
+def test_audit_of_a_missing_invariant_file_is_one_line_and_exit_2(tmp_path, capsys):
+    from build_default_set import main
+
+    assert main(["--audit", str(tmp_path / "absent.json"), "--work", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no invariant file" in err[0]
