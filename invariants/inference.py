@@ -12,7 +12,9 @@ sites become evidence:
 All evidence lives in dicts keyed by hypothesis identity, so adding a trace costs
 O(1) per site and nothing is ever re-scanned.  ``finish`` learns a precondition per
 surviving hypothesis (dropping those no formula can separate, i.e. that failed on a
-reference trace), and returns invariants sorted by id.
+reference trace), and returns invariants sorted by id.  No inferred rule is keyed on
+a user's module class (`identity.keyed_on_user_class`): ``Net`` in one program is not
+``Net`` in another.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from .precondition import SignatureCache, infer_precondition
 from .relations import TEMPLATES
 from .relations.base import Template, WindowView
 from .relations.consistent import replication_baseline, tie_baseline
+from .relations.identity import keyed_on_user_class
 from .relations.stable_variables import variable_counts
 from .window import FactPlan, WindowState
 
@@ -177,7 +180,7 @@ class Inferencer:
         if not ok:
             return
         params = template.params(family, value)
-        if not template.keeps_hypothesis(params):
+        if keyed_on_user_class(params) or not template.keeps_hypothesis(params):
             return
         inv = Invariant(
             relation=template.relation,

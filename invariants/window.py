@@ -10,8 +10,10 @@ with a changelog.
 Kept per rank:
 
 ``calls``   one small dict per recorded call of a planned API: api, pid, cid, parent,
-            stage, module/mtype/training (``Module.forward``), filtered args, return
-            summary, ctx, whether it raised, and its order in the rank's stream
+            stage, module/mtype/training (``Module.forward``), the receiver's id
+            (``obj``), the optimizers a ``Module.zero_grad`` clears (``clears``),
+            whether an initialiser's target was trained (``trained``), filtered args,
+            return summary, ctx, whether it raised, and its order in the rank's stream
 ``links``   ``"pid:cid" -> parent cid`` for every call, only when a plan needs to know
             which calls happen inside which (EventContain with a call child)
 ``states``  ``at -> call key -> name -> attrs`` snapshots at planned points
@@ -246,6 +248,13 @@ class WindowState:
             fact["mtype"] = event.mtype
         if event.training.__class__ is bool:
             fact["training"] = event.training
+        if event.obj.__class__ is str:
+            fact["obj"] = event.obj
+        clears = event.clears
+        if clears.__class__ is list and all(c.__class__ is str for c in clears):
+            fact["clears"] = clears
+        if event.trained.__class__ is bool:
+            fact["trained"] = event.trained
         ctx = payload(event.ctx)
         if ctx.__class__ is dict:
             fact["ctx"] = ctx

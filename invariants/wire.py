@@ -66,6 +66,11 @@ class CallEvent(_Envelope, tag="call"):
     module: Any = None
     mtype: Any = None
     training: Any = None
+    #: the receiver's stable id (``opt<i>``, ``m<i>``), the optimizers a
+    #: ``Module.zero_grad`` clears, and whether an initialiser's target was trained
+    obj: Any = None
+    clears: Any = None
+    trained: Any = None
 
 
 class StateEvent(_Envelope, tag="state"):

@@ -99,23 +99,14 @@ def test_scoring_separates_onset_late_and_early_violations():
 
 
 def test_curation_rules_keep_behaviour_and_drop_artefacts():
-    from build_default_set import (
-        is_configuration_pin,
-        is_dtype_artefact,
-        is_pipeline_specific,
-        without_helper_context_guard,
-    )
+    from build_default_set import without_helper_context_guard
+    from shipping_rules import is_configuration_pin, is_dtype_artefact
 
     autocast = {"negated": False, "any": [{"all": [{"field": "ctx.autocast", "kind": "constant", "values": ["bfloat16"]}]}]}
     dtype = {"relation": "APIOutput", "params": {"form": "constant", "prop": "dtype", "value": "float32"}}
     assert is_dtype_artefact({**dtype, "precondition": None})
     assert not is_dtype_artefact({**dtype, "precondition": autocast})
     assert not is_dtype_artefact({"relation": "APIOutput", "params": {"form": "same_as_input", "prop": "dtype"}})
-
-    assert is_pipeline_specific({"relation": "APISequence", "params": {}})
-    assert is_pipeline_specific({"relation": "TrainingFlag", "params": {"mtype": "TinyGPT"}})
-    assert not is_pipeline_specific({"relation": "TrainingFlag", "params": {"mtype": "Dropout"}})
-    assert not is_pipeline_specific({"relation": "Consistent", "params": {}})
 
     call = {"relation": "EventContain", "params": {"form": "call", "child": "torch.nn.functional.dropout"}}
     assert is_configuration_pin({**call, "params": {**call["params"], "args": {"p": 0.1}}})
@@ -125,3 +116,43 @@ def test_curation_rules_keep_behaviour_and_drop_artefacts():
     assert without_helper_context_guard(guarded) == {"apis": ["torch.utils.data.worker_init"], "precondition": None}
     other = {"id": "inv-y", "apis": ["torch.nn.Module.forward"], "precondition": autocast}
     assert without_helper_context_guard(other) is other
+
+
+def test_shipping_rules_need_pipelines_of_several_styles_examples_and_agreed_constants():
+    from shipping_rules import MIN_POSITIVES, evidence_reasons, pinned_values, shape
+
+    rule = {"relation": "TrainingFlag", "params": {"api": "torch.nn.functional.dropout", "stage": "eval",
+                                                   "training": False}, "examples": {"positive": MIN_POSITIVES}}
+    three_styles = {shape(rule): {"mlp", "lstm_classifier", "ddp_torchrun"}}
+    assert evidence_reasons(rule, three_styles, {}) == []
+    one_style = {shape(rule): {"mlp", "mlp_regression_sgd", "ddp_torchrun"}}  # two MLP loops are one style
+    assert [r.split(" ")[0] for r in evidence_reasons(rule, one_style, {})] == ["styles"]
+    few = dict(rule, examples={"positive": MIN_POSITIVES - 1})
+    assert [r.split(" ")[0] for r in evidence_reasons(few, three_styles, {})] == ["positive"]
+    assert any(r.startswith("keyed on a user class") for r in evidence_reasons(
+        {"relation": "TrainingFlag", "params": {**rule["params"], "mtype": "Net"}, "examples": rule["examples"]},
+        three_styles, {}))
+
+    def pin(value):
+        return {"relation": "APIOutput", "precondition": autocast_pre(),
+                "params": {"form": "constant", "api": "torch.nn.functional.linear", "prop": "dtype", "value": value}}
+
+    def autocast_pre():
+        return {"negated": False, "any": [{"all": [{"field": "ctx.autocast", "kind": "constant",
+                                                     "values": ["bfloat16"]}]}]}
+
+    agreed = pinned_values({"mlp": [pin("bfloat16")], "cnn_bn_dropout": [pin("bfloat16")]})
+    disputed = pinned_values({"mlp": [pin("bfloat16")], "cnn_bn_dropout": [pin("float16")]})
+    support = {shape(dict(pin("bfloat16"), examples=None)): {"mlp", "lstm_classifier", "ddp_torchrun"}}
+    candidate = dict(pin("bfloat16"), examples={"positive": MIN_POSITIVES})
+    assert evidence_reasons(candidate, support, agreed) == []
+    assert [r.split(":")[0] for r in evidence_reasons(candidate, support, disputed)] == [
+        "pipelines pin different values"]
+
+
+def test_audit_of_a_missing_invariant_file_is_one_line_and_exit_2(tmp_path, capsys):
+    from build_default_set import main
+
+    assert main(["--audit", str(tmp_path / "absent.json"), "--work", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no invariant file" in err[0]

@@ -117,19 +117,16 @@ def render(rows: list[dict], held_out: dict, command: str, seconds: float, curat
               + (" Traces were reused from an earlier full run in the same work directory (`--reuse`); a run "
                  f"from scratch (`run.py --jobs 2`) collects {3 * len(BUGS) + 3 * len(REFERENCES)} training runs "
                  f"and took {FROM_SCRATCH_MINUTES} min on the 2-core development machine." if reused else ""), ""]
-    reasons: dict[str, int] = {}
-    for why in curation.get("dropped", {}).values():
-        key = why[0].split(":")[0] if why and (why[0].startswith("support") or why[0] in
-                                                   ("dtype-artefact", "configuration-pin")) else "fired"
-        reasons[key] = reasons.get(key, 0) + 1
+    reasons = ", ".join(f"{n} {kind}" for kind, n in sorted(curation.get("reason_counts", {}).items()))
+    rules = curation.get("rules", {})
     lines += [f"Default set: {curation.get('kept', '?')} invariants kept of {curation.get('candidates', '?')} "
               f"inferred from {len(REFERENCES)} reference pipelines (seed {build_default_set.INFERENCE['seed']}, "
-              f"{build_default_set.INFERENCE['steps']} steps). Dropped: {reasons.get('support', 0)} pipeline-specific "
-              f"(user class or call order seen in fewer than {build_default_set.MIN_SUPPORT} pipelines), "
-              f"{reasons.get('dtype-artefact', 0)} fp32-only dtype constants, {reasons.get('configuration-pin', 0)} "
-              f"argument pins, {reasons.get('fired', 0)} that fired on a healthy validation run (seed "
-              f"{build_default_set.VALIDATION['seed']}, {build_default_set.VALIDATION['steps']} steps, or the core's "
-              f"synthetic healthy runs).", ""]
+              f"{build_default_set.INFERENCE['steps']} steps). Shipping rules: support from at least "
+              f"{rules.get('min_pipelines', '?')} pipelines of {rules.get('min_styles', '?')} styles, at least "
+              f"{rules.get('min_positives', '?')} positive examples, agreed constants, silent on every healthy "
+              f"validation run (seed {build_default_set.VALIDATION['seed']}, {build_default_set.VALIDATION['steps']} "
+              f"steps, and the core's synthetic healthy runs). Refusals by reason (one invariant may have several): "
+              f"{reasons or 'none'}.", ""]
     for mode, title in (("default", "shipped default set (`trainwatch check TRACE_DIR`, no `-i`)"),
                         ("inferred", "invariants inferred from the references + the bug's healthy twin (other seed)")):
         detected = sum(1 for r in rows if r[mode]["detection"]["detected"])

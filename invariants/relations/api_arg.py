@@ -9,6 +9,10 @@
     "arg": "numpy_state_digest"}`` — every DataLoader worker starts from its own RNG
     state.  Broken by workers that all apply the same "random" augmentation.
     Distinct rules take no precondition: one repeated value in the references drops them.
+    Only RNG-like values (seeds, RNG-state digests: `names_rng_value`) are learnt as
+    distinct: a tensor or an id never passed twice by the references is a habit, not a
+    law ("``all_reduce`` never reduces the same tensor twice in a step" is false of a
+    healthy hand-written data-parallel loop).
     A ``None`` argument is "not applicable" and never counts as a repeat: the DataLoader
     worker start reports ``dataset_rng_digest = None`` for datasets that own no RNG, and
     ``{"form": "distinct", "api": "torch.utils.data.worker_init", "arg":
@@ -23,12 +27,26 @@ from typing import Any, Iterator, Mapping
 from ..window import FactPlan
 from .base import Site, Template, WindowView, freeze
 
+#: words of argument names whose values come from an RNG (seeds, RNG-state digests)
+RNG_WORDS = ("seed", "rng", "random", "generator", "state_digest")
+
+
+def names_rng_value(arg: Any) -> bool:
+    """Whether an argument's name says its value is drawn from an RNG."""
+    lowered = str(arg).lower()
+    return any(word in lowered for word in RNG_WORDS)
+
 
 class APIArg(Template):
     relation = "APIArg"
 
     def allows_precondition(self, family: tuple) -> bool:
         return family[0] == "ranks"
+
+    def keeps_hypothesis(self, params: Mapping[str, Any]) -> bool:
+        # "never repeats" is a law only for values drawn from an RNG; that a tensor or
+        # an id was never passed twice in the references is one program's habit
+        return params["form"] != "distinct" or names_rng_value(params["arg"])
 
     def check_plan(self, families: Any) -> tuple[dict[tuple[str, str], list[str]], frozenset[str]]:
         """(form, api) -> the sorted argument names its families are about, and the APIs."""

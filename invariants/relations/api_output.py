@@ -5,13 +5,16 @@
     — the output dtype under autocast; broken when autocast is silently dropped.
 ``form = "same_as_input"``  ``{"form": "same_as_input", "api": "torch.nn.Module.forward",
     "mtype": "Preprocessor", "arg": "0", "prop": "batch"}`` — shape-, dtype- or
-    batch-size-preserving calls (``batch`` = leading dimension); broken by a
-    preprocessing step that silently collapses a batch.
+    batch-size-preserving calls (``batch`` = leading dimension, judged only where the
+    input has a batch: rank 2 or more); broken by a preprocessing step that silently
+    collapses a batch.
 ``form = "bounded"``        ``{"form": "bounded", "api": "generate", "arg": "max_new_tokens",
     "out": "len"}`` — a numeric output never exceeds the argument that limits it.
 
 Calls of ``torch.nn.Module.forward`` are keyed by module type (``mtype``): a rule about
-a ``Preprocessor`` says nothing about a ``Conv2d``.  Two exceptions transfer across
+a ``LayerNorm`` says nothing about a ``Conv2d``.  Inferred rules are keyed only on torch
+layers (`identity.names_torch_behaviour`): a user's class name means nothing in another
+program.  Two exceptions transfer across
 pipelines.  A module forward whose tensor output has the same rank (at least 2) as its
 tensor input ``"0"`` is also a site of the type-free rule ``{"form": "same_as_input",
 "api": "torch.nn.Module.forward", "arg": "0", "prop": "batch"}`` — "a module that keeps
@@ -40,6 +43,8 @@ BOUND_WORDS = ("max", "limit")
 MODULE_FORWARD = "torch.nn.Module.forward"
 #: keyword arguments that bound the length of generated token sequences in any pipeline
 GENERATION_BUDGETS = frozenset({"max_new_tokens", "max_length", "max_len", "max_tokens", "max_gen_len"})
+#: the least rank of an input that holds a batch (samples x features)
+BATCH_KEEPING_MIN_RANK = 2
 
 
 def _is_token_ids(ret: Any) -> bool:
@@ -47,10 +52,13 @@ def _is_token_ids(ret: Any) -> bool:
     return isinstance(dtype, str) and "int" in dtype and "bool" not in dtype
 
 
-def _prop(summary: dict[str, Any], prop: str) -> Any:
+def _prop(summary: dict[str, Any], prop: str, *, is_input: bool = False) -> Any:
     if prop == "batch":
+        # an input has a batch only with a sample axis besides its features: a 1-D
+        # input is one unbatched sample (an RL policy fed one state), not a batch
         shape = summary.get("shape")
-        return shape[0] if isinstance(shape, list) and shape and isinstance(shape[0], int) else None
+        min_rank = BATCH_KEEPING_MIN_RANK if is_input else 1
+        return shape[0] if isinstance(shape, list) and len(shape) >= min_rank and isinstance(shape[0], int) else None
     value = summary.get(prop)
     return value if value is None or is_scalar(value) else freeze(value)
 
@@ -65,7 +73,6 @@ def _tensor_shape(summary: Any) -> list | None:
 
 #: the type-free batch rule: any module forward, input "0" and output of this rank or more
 BATCH_KEEPING = ("same_as_input", MODULE_FORWARD, "", "0", "batch")
-BATCH_KEEPING_MIN_RANK = 2
 
 
 def _batch_keeping_site(view: WindowView, call: dict[str, Any], rank: int, stage: str, arg: Any, ret: Any,
@@ -146,7 +153,7 @@ def _call_sites(view: WindowView, call: dict[str, Any], rank: int, plan: "_CallP
             arg = args.get(arg_name)
             if not isinstance(arg, dict):
                 continue
-            before, after = _prop(arg, prop), _prop(ret, prop)
+            before, after = _prop(arg, prop, is_input=True), _prop(ret, prop)
             if before is None or after is None:
                 continue
             holds = before == after

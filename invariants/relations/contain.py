@@ -17,6 +17,7 @@
 ``form = "call"``   the call contains another recorded call, optionally with given
     argument values: ``{"form": "call", "api": "torch.nn.Module.forward", "mtype": "Dropout",
     "child": "torch.nn.functional.dropout", "args": {"training": false}}`` if ``stage = eval``.
+    Inferred argument values are flags only: ``p = 0.5`` is a hyperparameter, not a law.
 """
 
 from __future__ import annotations
@@ -266,6 +267,12 @@ class EventContain(Template):
             return "the call modified state it normally leaves alone"
         return ("the expected inner call is missing or uses different arguments: a code path was skipped "
                 "(e.g. a module in the wrong train/eval mode, a wrapper bypassed)")
+
+    def keeps_hypothesis(self, params: Mapping[str, Any]) -> bool:
+        # a flag of the inner call (``training``) is behaviour; a number or a name
+        # (dropout ``p``, a mode) is one author's configuration, not a law
+        args = params.get("args")
+        return not args or all(isinstance(value, bool) for value in args.values())
 
     def violation_evidence(self, params: Mapping[str, Any], site: Site) -> dict[str, Any]:
         if params["form"] == "state":

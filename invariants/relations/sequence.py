@@ -11,8 +11,13 @@ Ordering rules are the noisiest template, so this one is pruned hard:
 * the later call must be a training-loop call: present in at least half the steps
   of every reference run that makes it (``model.train()`` after a periodic validation
   pass is not one);
-* step 0 is not an example: its order is that of model construction and setup,
-  which differs between pipelines and breaks when a layer is built mid-run;
+* per optimizer object: when calls carry receiver ids, "zero_grad before step" at
+  optimizer ``opt1``'s step holds only by a clear of opt1's gradients
+  (``Optimizer.zero_grad`` on opt1, or a ``Module.zero_grad`` whose ``clears`` holds
+  opt1: equivalent operations are one fact, see `identity`); calls without ids match
+  every optimizer, as in traces of older producers;
+* step 0 is not an example: it is the setup window (model construction,
+  initialisation, seeding), whose order differs between pipelines;
 * a learned rule may be scoped only by stage (hand-written ones may also use
   ``step_is_first``), and must hold in every window of every reference trace.
 """
@@ -23,6 +28,7 @@ from typing import Any, Iterator, Mapping
 
 from ..window import FactPlan
 from .base import Site, Template, WindowView
+from .identity import MODULE_ZERO_GRAD, OPTIMIZER_ZERO_GRAD, call_facts, same_objects
 
 MAX_CALLS_PER_WINDOW = 4
 
@@ -46,21 +52,26 @@ class APISequence(Template):
         if view.step == 0:
             return  # setup (model construction, seeding, init) is not a training-loop ordering
         for rank in view.ranks():
-            first_seen: dict[str, int] = {}
+            # (api, optimizers) facts of the calls made directly by user code, in order;
+            # the rest are most of a step's calls
+            facts = [fact for call in view.calls(rank) if call.get("parent") is None for fact in call_facts(call)]
             counts: dict[str, int] = {}
-            # calls made directly by user code; the rest are most of a step's calls
-            top_level = [(index, call["api"]) for index, call in enumerate(view.calls(rank)) if call.get("parent") is None]
-            for index, api in top_level:
+            for api, _ in facts:
                 counts[api] = counts.get(api, 0) + 1
-                first_seen.setdefault(api, index)
             eligible = {api for api, n in counts.items() if n <= MAX_CALLS_PER_WINDOW}
+            # one site per API and optimizer: its first such call, and what preceded it
+            # about the same optimizer (or about none)
+            seen: set[tuple[str, frozenset[str] | None]] = set()
             record = None
-            for then in sorted(eligible):
+            for index, (then, objects) in enumerate(facts):
+                if then not in eligible or (then, objects) in seen:
+                    continue
+                seen.add((then, objects))
                 family = ("seq", then)
                 if families is not None and family not in families:
                     continue
-                at = first_seen[then]
-                before = frozenset(api for api in eligible if first_seen[api] < at)
+                before = frozenset(api for api, earlier in facts[:index]
+                                   if api in eligible and api != then and same_objects(earlier, objects))
                 if record is None:
                     record = {"stage": view.rank_stage(rank), "step_is_first": view.step == 0}
                 yield Site(
@@ -69,7 +80,9 @@ class APISequence(Template):
                     records=[record],
                     ranks=[rank],
                     stage=view.rank_stage(rank),
-                    evidence=lambda before=before, then=then: {"calls_before": sorted(before), "then": then},
+                    evidence=lambda before=before, then=then, objects=objects: dict(
+                        {"calls_before": sorted(before), "then": then},
+                        **({"optimizers": sorted(objects)} if objects else {})),
                 )
 
     def params(self, family: tuple, value: Any) -> dict[str, Any]:
@@ -79,7 +92,10 @@ class APISequence(Template):
         return ("seq", str(params["then"])), str(params["first"])
 
     def needs(self, params: Mapping[str, Any]) -> FactPlan:
-        return FactPlan(apis={params["first"], params["then"]}, args={}, state_points=set(), state_attrs=set())
+        apis = {params["first"], params["then"]}
+        if OPTIMIZER_ZERO_GRAD in apis:  # a Module.zero_grad that clears an optimizer is its zero_grad too
+            apis.add(MODULE_ZERO_GRAD)
+        return FactPlan(apis=apis, args={}, state_points=set(), state_attrs=set())
 
     def describe(self, params: Mapping[str, Any]) -> str:
         return f"in every step that calls {params['then']}, {params['first']} is called before it"

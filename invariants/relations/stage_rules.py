@@ -11,6 +11,12 @@
     catches a model left in eval mode after validation (the optimizer then steps while
     the producer reports the eval stage).
 
+    Initialisers and in-place parameter writes (``torch.nn.init.*``,
+    ``torch.Tensor.param_overwrite``) say whether their target was already *trained*
+    (held by an optimizer that has stepped).  A call on untrained parameters is not a
+    site: building and initialising a brand-new model mid-run is not re-initialising
+    the trained one.  Calls without the flag (older producers) are judged as before.
+
 **AllRanksReport** — "every rank of the world reports every step": ``{}``.  A rank that
     is missing when a window closes (stalled, crashed, partitioned) is reported with the
     ranks that did report.  The engine checks it on every window it closes.
@@ -78,6 +84,8 @@ class APIAbsent(Template):
         wanted = None if families is None else (plan if plan is not None else self.check_plan(families))
         for rank in view.ranks():
             for call in _calls_of(view, rank, wanted):
+                if call.get("trained") is False:
+                    continue  # initialising parameters no optimizer has trained (a new model)
                 api = call["api"]
                 family = ("absent", api, call.get("stage", ""))
                 if families is not None and family not in families:
@@ -97,6 +105,7 @@ class APIAbsent(Template):
         run_windows = store.setdefault("run_windows", {})
         api_windows = store.setdefault("api_windows", {})
         stage_windows = store.setdefault("stage_windows", {})
+        stage_step_windows = store.setdefault("stage_step_windows", {})
         run = view.run
         for rank in view.ranks():
             run_windows[run] = run_windows.get(run, 0) + 1
@@ -104,11 +113,18 @@ class APIAbsent(Template):
             if stage:
                 key = (run, stage)
                 stage_max[key] = max(stage_max.get(key, -1), view.step)
+                per_step = stage_step_windows.setdefault(stage, {})
+                per_step[view.step] = per_step.get(view.step, 0) + 1
             apis_here: set[str] = set()
             stages_here: set[str] = set()
             for call in view.calls(rank):
                 api, call_stage = call["api"], call.get("stage", "")
                 if api in WORKER_APIS:
+                    continue
+                if call.get("trained") is False:
+                    # the API exists in this pipeline, but a call on untrained parameters
+                    # (setup, or a brand-new model) is no use of it the rule is about
+                    api_steps.setdefault((run, api), set())
                     continue
                 apis_here.add(api)
                 stages_here.add(call_stage)
@@ -139,7 +155,10 @@ class APIAbsent(Template):
                 tails = [m for (run, s), m in stage_max.items() if s == stage]
                 if not tails or max(tails) < last_use + ABSENT_MIN_TAIL:
                     continue
-                self._add(found, api, stage, last_use, max(tails) - last_use)
+                # positive examples: the rank-windows of that stage, in every run, after the last use
+                held = sum(n for step, n in store.get("stage_step_windows", {}).get(stage, {}).items()
+                           if step > last_use)
+                self._add(found, api, stage, last_use, held)
         # training-loop APIs (called in most steps of every run) that a stage never sees:
         # "the optimizer never steps during evaluation"
         run_windows: dict = store.get("run_windows", {})

@@ -1,0 +1,166 @@
+"""What an inferred invariant needs before it may ship in the default set, and why one
+was refused.
+
+The default set is applied, without configuration, to programs its references never
+saw; an invariant that describes one program's habits becomes a false alarm there.  So
+a candidate ships only with evidence that it is a law of training code, not a habit:
+
+* **pipelines**: inferring each reference pipeline *alone* finds it (same relation and
+  parameters) in at least ``MIN_PIPELINES`` pipelines, of at least ``MIN_STYLES``
+  different styles (`STYLES`: three copies of one loop are one piece of evidence);
+* **examples**: at least ``MIN_POSITIVES`` positive examples over all references;
+* **constants** (an output dtype, an argument value of an inner call): every pipeline
+  whose own inference pins the same thing under the same precondition pins the same
+  value; output dtypes only under an active autocast; argument values only for the
+  ``training`` flag (``p = 0.5``, ``inplace = False`` are configuration);
+* **validation**: it stays silent on a validation run of every reference and on the
+  core's synthetic healthy runs (checked by the build script).
+
+The core refuses, at inference, what no amount of evidence makes a law (user class names as
+keys, distinct-value rules about non-RNG values, hyperparameter values as argument pins:
+see ``invariants/relations/identity.py`` and the templates); an audited file that
+predates those refusals gets them as reasons too (`core_refusals`).  Every rule here returns
+the reasons a candidate fails, so a build can say why each refused invariant was refused.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Iterable, Mapping
+
+from invariants.relations import TEMPLATES
+from invariants.relations.identity import keyed_on_user_class
+
+MIN_PIPELINES = 3
+MIN_STYLES = 3
+MIN_POSITIVES = 30
+
+#: reference id -> style: how its training loop is written (model family, launch, data
+#: path).  Pipelines of one style share habits; support must span several styles.  A
+#: reference not listed is its own style (and `Reference.style`, when set, wins).
+STYLES: dict[str, str] = {
+    "mlp_regression_sgd": "mlp", "mlp": "mlp",
+    "gpt_tied_lm": "transformer-lm", "tiny_transformer_lm": "transformer-lm",
+    "lstm_classifier": "rnn",
+    "conv_autoencoder": "cnn", "cnn_bn_dropout": "cnn", "resnet_cosine": "cnn",
+    "gan_two_optimizers": "gan", "sngan_hinge": "gan",
+    "bf16_autocast": "mixed-precision", "bf16_autocast_encoder": "mixed-precision",
+    "bf16_weights_finetune": "low-precision-weights",
+    "grad_accumulation": "grad-accumulation",
+    "finetune_frozen_backbone": "finetune",
+    "dataloader_augment": "dataloader-workers", "speech_augment_owned_rng": "dataloader-workers",
+    "ddp_torchrun": "ddp-torchrun", "ddp_gloo": "ddp-torchrun",
+    "spawn_ddp": "ddp-spawn",
+    "manual_allreduce_dp": "manual-data-parallel",
+}
+
+
+def style_of(reference: Any) -> str:
+    """The style of a reference (a `Reference` or its id)."""
+    explicit = getattr(reference, "style", None)
+    if explicit:
+        return str(explicit)
+    ref_id = getattr(reference, "id", reference)
+    return STYLES.get(ref_id, ref_id)
+
+
+def shape(invariant: Mapping[str, Any]) -> str:
+    """What an invariant says, regardless of the precondition inferred for it."""
+    return json.dumps([invariant["relation"], invariant["params"]], sort_keys=True)
+
+
+def positives(invariant: Mapping[str, Any]) -> int:
+    examples = invariant.get("examples") or {}
+    return int(examples.get("positive", invariant.get("positive", 0)) or 0)
+
+
+# ----------------------------------------------------------------------------- constants
+def _requires_active_autocast(precondition: Mapping[str, Any] | None) -> bool:
+    """True when every disjunct of a (non-negated) precondition pins ``ctx.autocast`` to a dtype."""
+    if not precondition or precondition.get("negated"):
+        return False
+    return all(
+        any(clause.get("field") == "ctx.autocast" and clause.get("kind") == "constant"
+            and None not in clause.get("values", [None]) for clause in conjunct.get("all", []))
+        for conjunct in precondition.get("any", [])
+    )
+
+
+def is_dtype_artefact(invariant: Mapping[str, Any]) -> bool:
+    """An output dtype pinned without an active autocast: the references' default
+    precision, not a law (a user's fp16/bf16/fp64 model differs)."""
+    params = invariant["params"]
+    return (invariant["relation"] == "APIOutput" and params.get("form") == "constant"
+            and params.get("prop") == "dtype" and not _requires_active_autocast(invariant.get("precondition")))
+
+
+def is_configuration_pin(invariant: Mapping[str, Any]) -> bool:
+    """"Module M calls F with argument a = v" for anything but the training flag."""
+    params = invariant["params"]
+    return (invariant["relation"] == "EventContain" and params.get("form") == "call"
+            and bool(set(params.get("args") or {}) - {"training"}))
+
+
+def constant_family(invariant: Mapping[str, Any]) -> str | None:
+    """For an invariant that pins a value, what it pins and under which precondition
+    (the value left out); None for invariants that pin nothing."""
+    params = dict(invariant["params"])
+    if invariant["relation"] == "APIOutput" and params.get("form") == "constant":
+        params.pop("value", None)
+    elif invariant["relation"] == "EventContain" and params.get("form") == "call" and params.get("args"):
+        params["args"] = sorted(params["args"])
+    else:
+        return None
+    return json.dumps([invariant["relation"], params, invariant.get("precondition")], sort_keys=True)
+
+
+def pinned_values(per_pipeline: Mapping[str, Iterable[Mapping[str, Any]]]) -> dict[str, dict[str, set[str]]]:
+    """constant family -> value (as JSON) -> the pipelines whose own inference pins it."""
+    found: dict[str, dict[str, set[str]]] = {}
+    for ref_id, invariants in per_pipeline.items():
+        for invariant in invariants:
+            family = constant_family(invariant)
+            if family is not None:
+                value = json.dumps(invariant["params"].get("value", invariant["params"].get("args")), sort_keys=True)
+                found.setdefault(family, {}).setdefault(value, set()).add(ref_id)
+    return found
+
+
+# ----------------------------------------------------------------------------- reasons
+def core_refusals(invariant: Mapping[str, Any]) -> list[str]:
+    """What today's inference would not learn at all, whatever the evidence (an audited
+    file may predate the rule): keys on user classes, non-RNG distinct values,
+    non-flag argument values."""
+    params = invariant["params"]
+    if keyed_on_user_class(params):
+        return [f"keyed on a user class or container, not a torch layer: {params['mtype']}"]
+    template = TEMPLATES.get(invariant["relation"])
+    if template is not None and not template.keeps_hypothesis(params):
+        return ["not a law the template learns (distinct values that are not RNG-like, or an argument pin)"]
+    return []
+
+
+def evidence_reasons(invariant: Mapping[str, Any], support: Mapping[str, set[str]],
+                     pins: Mapping[str, Mapping[str, set[str]]]) -> list[str]:
+    """Why an invariant may not ship on its evidence (empty: it may, if it survives
+    validation).  ``support``: shape -> reference pipelines that find it alone;
+    ``pins``: `pinned_values` of the per-pipeline sets."""
+    reasons = core_refusals(invariant)
+    pipelines = sorted(support.get(shape(invariant), ()))
+    if len(pipelines) < MIN_PIPELINES:
+        reasons.append(f"pipelines {len(pipelines)} < {MIN_PIPELINES}: {', '.join(pipelines) or 'none alone'}")
+    styles = sorted({style_of(ref) for ref in pipelines})
+    if len(styles) < MIN_STYLES:
+        reasons.append(f"styles {len(styles)} < {MIN_STYLES}: {', '.join(styles) or 'none'}")
+    count = positives(invariant)
+    if count < MIN_POSITIVES:
+        reasons.append(f"positive examples {count} < {MIN_POSITIVES}")
+    if is_dtype_artefact(invariant):
+        reasons.append("output dtype pinned without an active autocast")
+    if is_configuration_pin(invariant):
+        reasons.append("argument value pinned: configuration, not behaviour")
+    family = constant_family(invariant)
+    if family is not None and len(pins.get(family, {})) > 1:
+        values = ", ".join(f"{value} ({', '.join(sorted(refs))})" for value, refs in sorted(pins[family].items()))
+        reasons.append(f"pipelines pin different values: {values}")
+    return reasons
