@@ -17,7 +17,9 @@ Ordering rules are the noisiest template, so this one is pruned hard:
   opt1: equivalent operations are one fact, see `identity`); calls without ids match
   every optimizer, as in traces of older producers;
 * step 0 is not an example: it is the setup window (model construction,
-  initialisation, seeding), whose order differs between pipelines;
+  initialisation, seeding), whose order differs between pipelines; nor is step 1, the
+  first iteration: a loop that clears gradients at the *end* of each iteration has no
+  clear before its first backward, because no earlier iteration left any gradient;
 * a learned rule may be scoped only by stage (hand-written ones may also use
   ``step_is_first``), and must hold in every window of every reference trace.
 """
@@ -31,6 +33,8 @@ from .base import Site, Template, WindowView
 from .identity import MODULE_ZERO_GRAD, OPTIMIZER_ZERO_GRAD, call_facts, same_objects
 
 MAX_CALLS_PER_WINDOW = 4
+#: step 0 is the setup window, step 1 the first training iteration
+FIRST_ITERATION_STEP = 1
 
 
 class APISequence(Template):
@@ -49,8 +53,8 @@ class APISequence(Template):
         return True  # records carry only stage/step_is_first, so that is all a rule can say
 
     def sites(self, view: WindowView, families: Any = None, plan: Any = None) -> Iterator[Site]:
-        if view.step == 0:
-            return  # setup (model construction, seeding, init) is not a training-loop ordering
+        if view.step <= FIRST_ITERATION_STEP:
+            return  # setup, and the first iteration's clear of what no iteration left
         for rank in view.ranks():
             # (api, optimizers) facts of the calls made directly by user code, in order;
             # the rest are most of a step's calls
