@@ -56,6 +56,7 @@ def patch_worker_start(tracer: "Tracer") -> PatchHandle:
                     loader.worker_init_fn = WorkerStepTag(user_init, step)
                     tagged = True
                     tracer.record_meta(DATALOADER_WORKERS_META, workers=workers)
+                    tracer.active = True  # its windows hold the workers' reports: they must close
             except Exception as exc:
                 tracer.internal_error("DataLoader worker announcement", exc)
             try:
