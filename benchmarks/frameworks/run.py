@@ -71,6 +71,8 @@ class Row:
     onset_step: int | None = None
     verdict: str = ""
     first_is_bug: bool | None = None
+    #: the report's ``summary.coverage.verdict``: "nothing_checked" for a program that never trains
+    coverage: str = ""
 
 
 def jobs_for(suite: str, python: str = sys.executable) -> list[Job]:
@@ -120,14 +122,18 @@ def make_row(job: Job, collected: harness.CollectResult, checked: harness.CheckR
     return Row(job.id, job.suite, "bug" if job.bug else "healthy", collected.returncode,
                round(collected.seconds, 1), checked.exit_code,
                checked.error, int(checked.report.get("summary", {}).get("windows", 0)), facts, len(ordered),
-               violated, _first(ordered), at_first)
+               violated, _first(ordered), at_first,
+               coverage=str(checked.report.get("summary", {}).get("coverage", {}).get("verdict", "")))
 
 
 def judge(row: Row, job: Job, bug_violations: list[dict[str, Any]], twin_violations: list[dict[str, Any]]) -> None:
     """Fill in the verdict: a healthy run must be clean; a bug must be reported within one
     step of its onset by an invariant its twin does not violate, and should come first."""
     if not job.bug:
-        row.verdict = "clean" if row.check_exit == 0 and not row.violations else (
+        # a program that never trains is clean when its setup window is: check exits 2
+        # there (nothing trained to judge) and says so in the report's coverage
+        never_trained = row.check_exit == 2 and row.coverage == "nothing_checked" and row.windows_checked > 0
+        row.verdict = "clean" if (row.check_exit == 0 or never_trained) and not row.violations else (
             "FALSE ALARM" if row.violations else f"error (exit {row.check_exit})")
         return
     row.onset_step = onset_step(job.onset, in_setup=job.in_setup, setup_window=row.facts.setup_window)

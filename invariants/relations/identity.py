@@ -89,11 +89,14 @@ def optimizers_of(call: Mapping[str, Any]) -> frozenset[str] | None:
 def call_facts(call: Mapping[str, Any]) -> list[tuple[str, frozenset[str] | None]]:
     """(API, optimizers) facts one call establishes.  Equivalent operations are one
     fact: a ``Module.zero_grad`` over all of an optimizer's parameters is also that
-    optimizer's ``zero_grad``."""
+    optimizer's ``zero_grad``.  One that clears no optimizer's parameters (a loop
+    without an optimizer, or part of a model) still clears gradients before a call
+    about no optimizer (a backward), never before a given optimizer's step."""
     api = call["api"]
     facts = [(api, optimizers_of(call))]
-    if api == MODULE_ZERO_GRAD and call.get("clears"):
-        facts.append((OPTIMIZER_ZERO_GRAD, frozenset(call["clears"])))
+    clears = call.get("clears")
+    if api == MODULE_ZERO_GRAD and clears is not None:
+        facts.append((OPTIMIZER_ZERO_GRAD, frozenset(clears)))
     return facts
 
 
