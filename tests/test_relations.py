@@ -242,6 +242,28 @@ def test_distinct_rule_ignores_workers_that_report_no_value():
     assert [(v.step, v.evidence["first"]["repeated_values"]) for v in violations] == [(1, ["f"])]
 
 
+def test_rank_agreement_of_a_tensor_argument_ignores_each_ranks_own_value():
+    """A broadcast's receive buffer holds each rank's own value before the call: the
+    ranks must agree on what the call is about (shape, dtype), not on that value."""
+    def run(values, shape=(1,)):
+        for step, pair in enumerate(values):
+            for rank, value in enumerate(pair):
+                tensor = {"T": "tensor", "shape": list(shape), "dtype": "int64", "device": "cpu", "value": value}
+                yield _call_batch(step, [{"api": "torch.distributed.broadcast", "args": {"tensor": tensor, "src": 0}}],
+                                  rank=rank, world=2)
+
+    inferencer = Inferencer(["APIArg"])
+    inferencer.add_trace(run([(7, 7), (8, 8), (9, 9)]))
+    rule = [i for i in inferencer.finish() if i.params == {"form": "ranks", "api": "torch.distributed.broadcast",
+                                                           "arg": "tensor"}]
+    assert rule, "learned from ranks that happened to agree"
+    assert check(rule, run([(31, 0), (5, 2)])) == []
+    assert [v.step for v in check(rule, run([(1, 1), (1, 1)], shape=(2,)))] == []
+    mismatched = list(run([(1, 1)])) + [b for b in run([(1, 1)], shape=(3,))]
+    mismatched = [b for b in mismatched if b["rank"] == 0][:1] + [b for b in mismatched if b["rank"] == 1][-1:]
+    assert [v.step for v in check(rule, mismatched)] == [0]
+
+
 def test_every_template_has_description_and_hint():
     for inv in learned():
         template_hint = Engine(InvariantSet([inv]))  # compiles

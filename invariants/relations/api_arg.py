@@ -4,6 +4,9 @@
     every rank: ``{"form": "ranks", "api": "torch.distributed.all_reduce", "arg": "op"}``,
     also tensor summaries (a collective's shape), dropout ``p``, learning rates.
     Broken by ranks that disagree on a collective (hangs, wrong sums) or hyperparameters.
+    A tensor is compared by what the call is about (shape, dtype, device), never by the
+    scalar value its summary may carry: that is each rank's own data (a local loss, the
+    receive buffer of a ``broadcast`` before it is filled).
 ``form = "distinct"``  repeated calls of an API within one step and rank never repeat
     an argument value: ``{"form": "distinct", "api": "torch.utils.data.worker_init",
     "arg": "numpy_state_digest"}`` — every DataLoader worker starts from its own RNG
@@ -29,6 +32,13 @@ from .base import Site, Template, WindowView, freeze
 
 #: words of argument names whose values come from an RNG (seeds, RNG-state digests)
 RNG_WORDS = ("seed", "rng", "random", "generator", "state_digest")
+
+
+def across_ranks(value: Any) -> Any:
+    """What of an argument must agree across ranks: a tensor summary without its value."""
+    if isinstance(value, dict) and value.get("T") == "tensor" and "value" in value:
+        return {key: item for key, item in value.items() if key != "value"}
+    return value
 
 
 def names_rng_value(arg: Any) -> bool:
@@ -97,14 +107,14 @@ class APIArg(Template):
                 family = ("ranks", api, name)
                 if families is not None and family not in families:
                     continue
-                first = calls[holders[0]]["args"][name]
-                holds = all(c["args"][name] == first for c in calls.values())
+                first = across_ranks(calls[holders[0]]["args"][name])
+                holds = all(across_ranks(c["args"][name]) == first for c in calls.values())
                 if holds and families is not None:
                     continue
                 odd = holders
                 evidence: dict[str, Any] = {}
                 if not holds:
-                    values = {r: freeze(c["args"][name]) for r, c in calls.items()}
+                    values = {r: freeze(across_ranks(c["args"][name])) for r, c in calls.items()}
                     counts: dict[Any, int] = {}
                     for v in values.values():
                         counts[v] = counts.get(v, 0) + 1
