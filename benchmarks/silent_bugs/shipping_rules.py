@@ -101,6 +101,15 @@ def is_configuration_pin(invariant: Mapping[str, Any]) -> bool:
             and bool(set(params.get("args") or {}) - {"training"}))
 
 
+def is_evaluation_seeding(invariant: Mapping[str, Any]) -> bool:
+    """"Seeding never happens in stage S" for a stage other than training: re-seeding
+    before an evaluation is a reproducibility practice (a ``test()`` that calls
+    ``torch.manual_seed`` first), and an evaluation's RNG never reaches the weights."""
+    params = invariant["params"]
+    return (invariant["relation"] == "APIAbsent" and "seed" in str(params.get("api", ""))
+            and params.get("stage") != "train")
+
+
 def constant_family(invariant: Mapping[str, Any]) -> str | None:
     """For an invariant that pins a value, what it pins and under which precondition
     (the value left out); None for invariants that pin nothing."""
@@ -159,6 +168,8 @@ def evidence_reasons(invariant: Mapping[str, Any], support: Mapping[str, set[str
         reasons.append("output dtype pinned without an active autocast")
     if is_configuration_pin(invariant):
         reasons.append("argument value pinned: configuration, not behaviour")
+    if is_evaluation_seeding(invariant):
+        reasons.append("seeding outside training: reproducibility practice, not a bug")
     family = constant_family(invariant)
     if family is not None and len(pins.get(family, {})) > 1:
         values = ", ".join(f"{value} ({', '.join(sorted(refs))})" for value, refs in sorted(pins[family].items()))
