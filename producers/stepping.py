@@ -44,6 +44,13 @@ def _closure_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Callable
     return None, False
 
 
+def _learning_rate_is_zero(optimizer: torch.optim.Optimizer) -> bool:
+    try:
+        return all(float(group.get("lr", 1.0)) == 0.0 for group in optimizer.param_groups)
+    except (TypeError, ValueError, RuntimeError):
+        return False
+
+
 class StepBoundaries:
     """Window boundaries of a `Tracer` (a mixin: it uses the tracer's recorder and snapshots)."""
 
@@ -144,9 +151,13 @@ class StepBoundaries:
         if not self.selection.wants(OPTIMIZER_STEP):
             return
         cls = type(optimizer)
+        # A step at learning rate 0 (the first step of a warm-up from 0) updates nothing
+        # by design: it is recorded, but not bracketed by snapshots that rules about
+        # updates would judge.
         token = self.begin_call(
             OPTIMIZER_STEP, f"{cls.__module__}.{cls.__qualname__}.step", {"self": optimizer},
-            extra={"obj": f"opt{self.registry.add_optimizer(optimizer)}"}, optimizer=optimizer,
+            extra={"obj": f"opt{self.registry.add_optimizer(optimizer)}"},
+            optimizer=None if _learning_rate_is_zero(optimizer) else optimizer,
         )
         if token is not None:
             self._open_steps[id(optimizer)] = token

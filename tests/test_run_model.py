@@ -211,3 +211,19 @@ def test_parameter_overwrites_are_recorded_and_know_trained_parameters(tmp_path)
     fresh_inits = [e["trained"] for s, e in _calls(batches, "torch.nn.init.kaiming_uniform_") if s == 4]
     assert fresh_inits == [False]
     assert fresh.weight.shape == (2, 4)
+
+
+def test_a_step_at_learning_rate_zero_is_not_bracketed_by_update_snapshots(tmp_path):
+    """A warm-up from 0 updates nothing at its first step, by design."""
+    with producers.instrument(run_id="warmup", trace_dir=tmp_path):
+        model = nn.Linear(3, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(step / 2, 1.0))
+        for _ in range(3):
+            optimizer.zero_grad()
+            model(torch.randn(4, 3)).sum().backward()
+            optimizer.step()
+            schedule.step()
+    batches = _batches(tmp_path)
+    assert [s for s, _ in _calls(batches, "torch.optim.Optimizer.step")] == [1, 2, 3]
+    assert set(_states(batches, "pre:torch.optim.Optimizer.step")) == {2, 3}

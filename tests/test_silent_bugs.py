@@ -100,7 +100,7 @@ def test_scoring_separates_onset_late_and_early_violations():
 
 def test_curation_rules_keep_behaviour_and_drop_artefacts():
     from build_default_set import without_helper_context_guard
-    from shipping_rules import is_configuration_pin, is_dtype_artefact, is_evaluation_seeding
+    from shipping_rules import is_collective_habit, is_configuration_pin, is_dtype_artefact, is_evaluation_seeding
 
     autocast = {"negated": False, "any": [{"all": [{"field": "ctx.autocast", "kind": "constant", "values": ["bfloat16"]}]}]}
     dtype = {"relation": "APIOutput", "params": {"form": "constant", "prop": "dtype", "value": "float32"}}
@@ -115,6 +115,9 @@ def test_curation_rules_keep_behaviour_and_drop_artefacts():
     seeding = {"relation": "APIAbsent", "params": {"api": "torch.manual_seed", "after_step": -1}}
     assert is_evaluation_seeding({**seeding, "params": {**seeding["params"], "stage": "eval"}})
     assert not is_evaluation_seeding({**seeding, "params": {**seeding["params"], "stage": "train"}})
+    broadcast = {"relation": "APIAbsent", "params": {"api": "torch.distributed.broadcast", "stage": "train"}}
+    assert is_collective_habit(broadcast)
+    assert not is_collective_habit({**broadcast, "params": {**broadcast["params"], "stage": "eval"}})
 
     guarded = {"id": "inv-x", "apis": ["torch.utils.data.worker_init"], "precondition": autocast}
     assert without_helper_context_guard(guarded) == {"apis": ["torch.utils.data.worker_init"], "precondition": None}

@@ -85,7 +85,10 @@ def check(trace_dir: Path, report_path: Path, invariants: Path | None = None, ti
     """``trainwatch check``; ``invariants=None`` means the shipped default set."""
     selection = ["-i", str(invariants)] if invariants is not None else []
     command = [*TRAINWATCH, "check", *selection, str(trace_dir), "--report-json", str(report_path)]
+    report_path.unlink(missing_ok=True)
     proc = subprocess.run(command, cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=timeout_s)
-    if proc.returncode not in (0, 1):
+    # exit 2 with a report: the input was read, but a run had nothing to judge (it never trained)
+    if proc.returncode not in (0, 1) and not (proc.returncode == 2 and report_path.is_file()):
         return CheckResult(proc.returncode, error=proc.stderr.strip()[-500:])
-    return CheckResult(proc.returncode, json.loads(report_path.read_text(encoding="utf-8")))
+    return CheckResult(proc.returncode, json.loads(report_path.read_text(encoding="utf-8")),
+                       error=proc.stderr.strip()[-500:] if proc.returncode == 2 else "")

@@ -110,6 +110,16 @@ def is_evaluation_seeding(invariant: Mapping[str, Any]) -> bool:
             and params.get("stage") != "train")
 
 
+def is_collective_habit(invariant: Mapping[str, Any]) -> bool:
+    """"Collective C is never called while training": which collectives a training loop
+    runs is its framework's choice (trainers broadcast early-stopping decisions and
+    checkpoint paths mid-run), not a property of correct training."""
+    params = invariant["params"]
+    api = str(params.get("api", ""))
+    return (invariant["relation"] == "APIAbsent" and api.startswith("torch.distributed.")
+            and api != "torch.distributed.init_process_group" and params.get("stage") == "train")
+
+
 def constant_family(invariant: Mapping[str, Any]) -> str | None:
     """For an invariant that pins a value, what it pins and under which precondition
     (the value left out); None for invariants that pin nothing."""
@@ -170,6 +180,8 @@ def evidence_reasons(invariant: Mapping[str, Any], support: Mapping[str, set[str
         reasons.append("argument value pinned: configuration, not behaviour")
     if is_evaluation_seeding(invariant):
         reasons.append("seeding outside training: reproducibility practice, not a bug")
+    if is_collective_habit(invariant):
+        reasons.append("a collective's absence from training: the framework's habit, not a law")
     family = constant_family(invariant)
     if family is not None and len(pins.get(family, {})) > 1:
         values = ", ".join(f"{value} ({', '.join(sorted(refs))})" for value, refs in sorted(pins[family].items()))
