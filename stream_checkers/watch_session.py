@@ -10,6 +10,7 @@ reverse order — whatever happened.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -31,6 +32,8 @@ from .violation_fold import RepeatFolder
 from .supervisor import CheckerProcess, TopicReader, metric
 
 EXIT_OK, EXIT_VIOLATIONS, EXIT_USAGE = 0, 1, 2
+#: where the `collect` it runs reports batches sent and dropped (trainwatch.commands.collect)
+ENV_DELIVERY_REPORT = "TRAINWATCH_DELIVERY_REPORT"
 #: A checker that has consumed nothing of the run this long after the command exited
 #: will not: the producers flush before the command's processes exit.
 NOTHING_SENT_AFTER_S = 5.0
@@ -174,12 +177,15 @@ class WatchSession:
             except KeyboardInterrupt:
                 interrupted = True
                 self.say("interrupted; stopping")
+            incomplete = None
             if not interrupted:
-                drained = self._drain(checker)
-                if not drained:
-                    self.say(f"the checker did not finish this run within {o.drain_timeout_s:g}s; "
-                             "the results below may be incomplete")
-            code = self._summary(training_rc, interrupted)
+                if not self._drain(checker):
+                    incomplete = (f"the checker did not finish this run within {o.drain_timeout_s:g}s "
+                                  "(is the broker down?)")
+                incomplete = self._undelivered() or incomplete
+                if incomplete:
+                    self.say(incomplete + "; the results below cover only what arrived")
+            code = self._summary(training_rc, interrupted, incomplete is not None)
             return code
         finally:
             self._teardown()
@@ -211,6 +217,7 @@ class WatchSession:
         argv += ["--", *o.command]
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", "1")
+        env[ENV_DELIVERY_REPORT] = str(self.delivery_path)
         # Own process group: on Ctrl-C/SIGTERM the whole training tree is signalled at once.
         proc = subprocess.Popen(argv, env=env, start_new_session=True)
         try:
@@ -269,7 +276,23 @@ class WatchSession:
             self.follower.settle(max(1.0, deadline - time.monotonic()))
         return True
 
-    def _summary(self, training_rc: int | None, interrupted: bool) -> int:
+    @property
+    def delivery_path(self) -> Path:
+        return Path(self.workdir) / "delivery.json"
+
+    def _undelivered(self) -> str | None:
+        """What the training processes could not hand to the broker (it died, or was never
+        reachable): one line, or None when everything was sent."""
+        try:
+            report = json.loads(self.delivery_path.read_text())
+            dropped, batches = int(report["dropped_batches"]), int(report["batches"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return "the training processes did not report what they delivered"
+        if dropped:
+            return f"{dropped} of {batches} batches never reached the broker"
+        return None
+
+    def _summary(self, training_rc: int | None, interrupted: bool, incomplete: bool = False) -> int:
         violations = list(self.follower.seen.values()) if self.follower else []
         samples: dict[str, float] = {}
         if self.checker is not None and self.checker.running:
@@ -320,8 +343,8 @@ class WatchSession:
             return EXIT_VIOLATIONS
         if interrupted:
             return 130
-        if training_rc not in (0, None) or untrained:
-            return EXIT_USAGE
+        if training_rc not in (0, None) or untrained or incomplete:
+            return EXIT_USAGE  # infrastructure kept part of the run from being checked
         return EXIT_OK
 
     def _teardown(self) -> None:

@@ -1,21 +1,27 @@
 """The framework programs (Hugging Face ``Trainer``, Lightning, ``accelerate``) zero-config.
 
 Marked slow (about a minute on 2 cores, on top of the run-model programs' 100 s: fourteen
-framework runs, four of them with two ranks) and skipped where the ``frameworks`` extra is
-not installed. Same acceptance as the run-model programs: healthy runs clean, each
+framework runs, four of them with two ranks). The ``test`` extra installs the frameworks;
+where they are missing the module is skipped, except in CI
+(``TRAINWATCH_REQUIRE_SYSTEM_DEPS=1``), where that is an error. Same acceptance as the run-model programs: healthy runs clean, each
 planted bug reported within one step of its onset and first. What the current producer cannot meet is a strict ``xfail`` naming why.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
-for _framework in ("transformers", "lightning", "accelerate"):
-    pytest.importorskip(_framework)
+_missing = [name for name in ("transformers", "lightning", "accelerate") if importlib.util.find_spec(name) is None]
+if _missing:  # the test extra installs them; CI must not pass by skipping them
+    _reason = f"framework packages not installed: {', '.join(_missing)} (pip install -e '.[test]')"
+    if os.environ.get("TRAINWATCH_REQUIRE_SYSTEM_DEPS") == "1":
+        raise RuntimeError(_reason)
+    pytest.skip(_reason, allow_module_level=True)
 
 pytestmark = pytest.mark.slow
 
@@ -29,21 +35,9 @@ bench = importlib.util.module_from_spec(_spec)
 sys.modules["frameworks_run"] = bench
 _spec.loader.exec_module(bench)
 
-TRAINER_ZERO_GRAD = "Trainer clears gradients with model.zero_grad(), not recognised as Optimizer.zero_grad"
-LIGHTNING_STAGE = "Lightning's step(closure) is recorded before the closure's forward: the step is in stage 'eval'"
 NOT_YET = {
-    "hf_trainer": TRAINER_ZERO_GRAD,
-    "hf_trainer_grad_accum": TRAINER_ZERO_GRAD,
-    "hf_trainer_frozen_embeddings": TRAINER_ZERO_GRAD,
-    "hf_trainer_ddp": TRAINER_ZERO_GRAD,
-    "lightning": LIGHTNING_STAGE,
-    "lightning_ddp": "the DDP wrapper's stale training flag labels every step 'eval'; broadcast rules do not transfer",
-    "accelerate_warmup_from_zero": "a warm-up from learning rate 0 makes the first step a legitimate no-op",
     "hf_trainer_eval_dropout": "F.dropout's default training=True is recorded as None",
     "hf_trainer_frozen_updated": "no rule relates a frozen parameter that starts to change",
-    "hf_trainer_ddp_rank_drift": TRAINER_ZERO_GRAD + " (comes first)",
-    "lightning_stale_optimizer": LIGHTNING_STAGE + " (comes first)",
-    "lightning_ddp_rank_drift": "every step is stage 'eval'; cross-rank rules apply in 'train' only",
     "accelerate_eval_dropout": "without model.eval() the no_grad evaluation stays stage 'train'",
 }
 

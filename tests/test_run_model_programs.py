@@ -41,14 +41,10 @@ EXPECTED_RELATION = {
 }
 
 NOT_YET = {
-    "manual_sgd_grad_accumulates": "no torch.optim step: the whole run is one window, nothing to compare",
-    "manual_sgd_update_discarded": "no torch.optim step: the whole run is one window, nothing to compare",
-    "gan_module_zero_grad": "Module.zero_grad is not recognised as clearing the optimizer's gradients",
-    "two_optimizers_one_forgotten": "the encoder optimizer's zero_grad satisfies the rule for the decoder's",
-    "reinit_after_load": "in-place Tensor.normal_ on parameters is not recorded",
-    "gan_module_zero_grad.twin": "Module.zero_grad is not recognised as clearing the optimizer's gradients",
-    "lbfgs_closure": "backward runs inside step(closure), after the step's pre event",
-    "reseed_before_eval": "the stage changes at the next forward, not at model.eval(): the re-seed looks like training",
+    "manual_sgd_update_discarded": "no shipped rule says an iteration that ran backward changes parameters",
+    "manual_sgd_update_discarded.twin": "gradients cleared with `p.grad = None`, which is not intercepted, "
+                                        "look uncleared to the zero_grad-before-backward rule",
+    "reinit_after_load": "no shipped rule about overwriting loaded weights in the setup window",
 }
 
 

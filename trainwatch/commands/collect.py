@@ -13,6 +13,7 @@ exit code is passed through; bad usage exits 2 with a one-line reason.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 from dataclasses import replace
@@ -22,6 +23,9 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Mapping
+
+#: where `collect` writes how many batches its processes sent and dropped (set by `watch`)
+ENV_DELIVERY_REPORT = "TRAINWATCH_DELIVERY_REPORT"
 
 EXIT_USAGE = 2
 _HOST_PORT = re.compile(r"^\[?[A-Za-z0-9_.:-]+\]?:\d{1,5}$")
@@ -153,6 +157,12 @@ def run(args: argparse.Namespace) -> int:
             return _fail(str(exc))
         report = collect_report(run_id, stats_dir, trace_dir)
         print(format_report(report, result.returncode, trace_dir, config.bootstrap, config.events_topic), file=sys.stderr)
+        delivery_file = os.environ.get(ENV_DELIVERY_REPORT)
+        if delivery_file:  # `watch` reads it: a verdict must not cover batches that never arrived
+            Path(delivery_file).write_text(json.dumps({
+                "batches": sum(p.batches for p in report.processes),
+                "dropped_batches": report.total_dropped_batches,
+            }))
         return result.returncode
     finally:
         shutil.rmtree(stats_dir, ignore_errors=True)
