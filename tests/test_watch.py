@@ -132,3 +132,67 @@ def test_watch_judges_a_step_only_after_its_dataloader_workers_reported(kafka_br
     else:
         assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
         assert lines == []
+
+
+PAUSING_TRAINER = """
+import os, sys, time
+import torch
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+ready, go = sys.argv[1], sys.argv[2]
+for step in range(40):
+    if step == 10:
+        open(ready, "w").close()
+        deadline = time.monotonic() + 120
+        while not os.path.exists(go) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    optimizer.zero_grad()
+    model(torch.randn(8, 4)).pow(2).mean().backward()
+    optimizer.step()
+"""
+
+
+def _children_named(parent: int, word: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == parent and word in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def test_watch_whose_broker_dies_mid_run_does_not_pass(tmp_path, clean_env):
+    """The embedded broker is killed while training runs: the batches that never arrived
+    keep the run from being checked, so the verdict is exit 2, never 'no violation'."""
+    import os
+    import signal
+    import time
+
+    script, ready, go = tmp_path / "pausing.py", tmp_path / "ready", tmp_path / "go"
+    script.write_text(PAUSING_TRAINER)
+    watch = subprocess.Popen([sys.executable, "-m", "trainwatch.cli", "watch", "--drain-timeout", "10",
+                              "--", sys.executable, str(script), str(ready), str(go)],
+                             env=clean_env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists() and watch.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ready.exists(), "training never reached the pause"
+        brokers = _children_named(watch.pid, "tansu")
+        assert len(brokers) == 1, brokers
+        os.kill(brokers[0], signal.SIGKILL)
+        go.touch()
+        out, _ = watch.communicate(timeout=180)
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+            watch.wait()
+    assert watch.returncode == 2, out[-3000:]
+    assert "never reached the broker" in out or "did not finish this run" in out, out[-3000:]
+    assert "no violation in" not in out
