@@ -159,7 +159,7 @@ def test_watch_checks_a_training_job_through_a_tls_cluster(tls_kafka_broker, tls
         env=tls_env, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert "topic trainwatch.events: no batches dropped" in result.stderr, result.stderr[-3000:]
-    summary = re.search(r"run mlp-tls: (\d+) step\(s\) checked; no violation; training exited 0$",
+    summary = re.search(r"run mlp-tls: no violation in (\d+) training iterations \(.*\); training exited 0$",
                         result.stderr.strip().splitlines()[-1])
     assert summary and int(summary.group(1)) >= 4, result.stderr[-3000:]
 
@@ -168,7 +168,8 @@ def test_watch_with_its_embedded_broker_ignores_cluster_security_settings(clean_
     """Variables exported for a secured cluster must not break the plaintext embedded broker."""
     env = {**clean_env, "TRAINWATCH_KAFKA_SECURITY_PROTOCOL": "SSL",
            "TRAINWATCH_KAFKA_SSL_CAFILE": str(tmp_path / "cluster-ca.pem")}
-    result = subprocess.run([sys.executable, "-m", "trainwatch.cli", "watch", "--", sys.executable, "-c", "pass"],
+    result = subprocess.run([sys.executable, "-m", "trainwatch.cli", "watch", "--", sys.executable,
+                             str(ROOT / "examples" / "mlp.py"), "--steps", "2"],
                             env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     assert ("ignoring TRAINWATCH_KAFKA_SECURITY_PROTOCOL, TRAINWATCH_KAFKA_SSL_CAFILE: "
