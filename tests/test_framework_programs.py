@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -25,15 +23,8 @@ if _missing:  # the test extra installs them; CI must not pass by skipping them
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "benchmarks" / "frameworks"), str(ROOT / "benchmarks" / "silent_bugs")]
-
+from frameworks_bench import bench  # noqa: E402
 from programs import BY_ID, PROGRAMS  # noqa: E402
-
-_spec = importlib.util.spec_from_file_location("frameworks_run", ROOT / "benchmarks" / "frameworks" / "run.py")
-bench = importlib.util.module_from_spec(_spec)
-sys.modules["frameworks_run"] = bench
-_spec.loader.exec_module(bench)
 
 NOT_YET = {
     "hf_trainer_eval_dropout": "F.dropout's default training=True is recorded as None",

@@ -11,22 +11,10 @@ why, so that the change that makes one pass must also flip its marker.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "benchmarks" / "frameworks"), str(ROOT / "benchmarks" / "silent_bugs")]
-
-from registry import BY_ID, RUN_MODEL_BUGS, RUN_MODEL_HEALTHY  # noqa: E402
-
-# benchmarks/silent_bugs has a run.py too: load the frameworks runner under its own name
-_spec = importlib.util.spec_from_file_location("frameworks_run", ROOT / "benchmarks" / "frameworks" / "run.py")
-bench = importlib.util.module_from_spec(_spec)
-sys.modules["frameworks_run"] = bench
-_spec.loader.exec_module(bench)
+from frameworks_bench import bench
+from registry import BY_ID, RUN_MODEL_BUGS, RUN_MODEL_HEALTHY
 
 #: bug id -> a relation that must be among those reported first
 EXPECTED_RELATION = {
