@@ -153,10 +153,11 @@ class StepBoundaries:
         cls = type(optimizer)
         # A step at learning rate 0 (the first step of a warm-up from 0) updates nothing
         # by design: it is recorded, but not bracketed by snapshots that rules about
-        # updates would judge.
+        # updates would judge.  ``trained`` is false at an optimizer's first step.
+        index = self.registry.add_optimizer(optimizer)
         token = self.begin_call(
             OPTIMIZER_STEP, f"{cls.__module__}.{cls.__qualname__}.step", {"self": optimizer},
-            extra={"obj": f"opt{self.registry.add_optimizer(optimizer)}"},
+            extra={"obj": f"opt{index}", "trained": index in self.ownership.stepped},
             optimizer=None if _learning_rate_is_zero(optimizer) else optimizer,
         )
         if token is not None:

@@ -230,3 +230,24 @@ def test_worker_seeds_are_judged_in_the_setup_window():
     rules = [i for i in learn(["APIArg"], run("a", [1, 2]), run("b", [3, 4])) if i.params["form"] == "distinct"]
     assert len(rules) == 1
     assert [v.step for v in check(rules, run("bad", [5, 5]))] == [0]
+
+
+def test_an_optimizers_first_iteration_needs_no_clear_before_it():
+    """A second model trained later by its own optimizer, clearing at the end of each
+    iteration: its first window has nothing to clear, its later ones must."""
+    rules = [i for i in learn(["APISequence"], _single_optimizer_loop(6, call(OPT_ZERO, obj="opt0"), run="ref"))
+             if i.params["first"] == OPT_ZERO]
+    assert rules
+
+    def second_phase(clears_from: int):
+        for step in range(1, 8):
+            if step < 4:
+                calls = [call(OPT_ZERO, obj="opt0"), call(BACKWARD), call(STEP, obj="opt0", trained=step > 1)]
+            else:  # a new optimizer clearing after its step, i.e. at the start of the next window
+                calls = [call(BACKWARD), call(STEP, obj="opt1", trained=step > 4)]
+                if step >= clears_from:
+                    calls.insert(0, call(OPT_ZERO, obj="opt1"))
+            yield window_batch(step, calls, run="phase")
+
+    assert check(rules, second_phase(clears_from=5)) == []
+    assert {v.step for v in check(rules, second_phase(clears_from=6))} == {5}

@@ -17,9 +17,11 @@ Ordering rules are the noisiest template, so this one is pruned hard:
   opt1: equivalent operations are one fact, see `identity`); calls without ids match
   every optimizer, as in traces of older producers;
 * step 0 is not an example: it is the setup window (model construction,
-  initialisation, seeding), whose order differs between pipelines; nor is step 1, the
-  first iteration: a loop that clears gradients at the *end* of each iteration has no
-  clear before its first backward, because no earlier iteration left any gradient;
+  initialisation, seeding), whose order differs between pipelines; nor is the first
+  iteration of an optimizer (step 1, or a window where an optimizer steps for the first
+  time: a second model trained later): a loop that clears gradients at the *end* of
+  each iteration has no clear before its first backward, because no earlier iteration
+  left any gradient;
 * a learned rule may be scoped only by stage (hand-written ones may also use
   ``step_is_first``), and must hold in every window of every reference trace.
 """
@@ -33,6 +35,7 @@ from .base import Site, Template, WindowView
 from .identity import MODULE_ZERO_GRAD, OPTIMIZER_ZERO_GRAD, call_facts, same_objects
 
 MAX_CALLS_PER_WINDOW = 4
+OPTIMIZER_STEP = "torch.optim.Optimizer.step"
 #: step 0 is the setup window, step 1 the first training iteration
 FIRST_ITERATION_STEP = 1
 
@@ -56,9 +59,12 @@ class APISequence(Template):
         if view.step <= FIRST_ITERATION_STEP:
             return  # setup, and the first iteration's clear of what no iteration left
         for rank in view.ranks():
+            top_level = [call for call in view.calls(rank) if call.get("parent") is None]
+            if any(call["api"] == OPTIMIZER_STEP and call.get("trained") is False for call in top_level):
+                continue  # an optimizer's first iteration: nothing before it left gradients
             # (api, optimizers) facts of the calls made directly by user code, in order;
             # the rest are most of a step's calls
-            facts = [fact for call in view.calls(rank) if call.get("parent") is None for fact in call_facts(call)]
+            facts = [fact for call in top_level for fact in call_facts(call)]
             counts: dict[str, int] = {}
             for api, _ in facts:
                 counts[api] = counts.get(api, 0) + 1
@@ -96,7 +102,7 @@ class APISequence(Template):
         return ("seq", str(params["then"])), str(params["first"])
 
     def needs(self, params: Mapping[str, Any]) -> FactPlan:
-        apis = {params["first"], params["then"]}
+        apis = {params["first"], params["then"], OPTIMIZER_STEP}  # steps say which iterations are first
         if OPTIMIZER_ZERO_GRAD in apis:  # a Module.zero_grad that clears an optimizer is its zero_grad too
             apis.add(MODULE_ZERO_GRAD)
         return FactPlan(apis=apis, args={}, state_points=set(), state_attrs=set())
