@@ -251,3 +251,22 @@ def test_an_optimizers_first_iteration_needs_no_clear_before_it():
 
     assert check(rules, second_phase(clears_from=5)) == []
     assert {v.step for v in check(rules, second_phase(clears_from=6))} == {5}
+
+
+def test_an_ordering_rule_counts_every_earlier_call_when_checking():
+    """Inference learns only from APIs called a few times per window; checking "forward
+    before clip" must still see the forward when an evaluation pass in the same window
+    runs many more forwards."""
+    FORWARD, CLIP = "torch.nn.Module.forward", "torch.nn.utils.clip_grad_norm_"
+
+    def loop(steps: int, *, evaluation_at: int = -1, forward: bool = True, run: str):
+        for step in range(steps):
+            calls = ([call(FORWARD, mtype="Linear")] if forward or step < 3 else []) + [call(BACKWARD), call(CLIP)]
+            if step == evaluation_at:
+                calls += [call(FORWARD, mtype="Linear", stage="eval") for _ in range(8)]
+            yield window_batch(step, calls, run=run)
+
+    rules = [i for i in learn(["APISequence"], loop(6, run="ref")) if i.params == {"first": FORWARD, "then": CLIP}]
+    assert rules
+    assert check(rules, loop(6, evaluation_at=3, run="eval")) == []
+    assert {v.step for v in check(rules, loop(6, forward=False, run="broken"))} == {3, 4, 5}

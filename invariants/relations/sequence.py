@@ -7,7 +7,10 @@ by a dropped ``zero_grad()`` (gradients silently accumulate across steps).
 Ordering rules are the noisiest template, so this one is pruned hard:
 * only calls made directly by user code (no recorded parent) take part, so
   caller/callee pairs and library internals never become rules;
-* only APIs called at most ``MAX_CALLS_PER_WINDOW`` times per rank and step;
+* only APIs called at most ``MAX_CALLS_PER_WINDOW`` times per rank and step are
+  learnt from (a pruning of inference, not part of a rule's meaning: checking "A before
+  B" counts every earlier A, so an evaluation pass that runs many forwards in the same
+  window does not hide the forward that came before B);
 * the later call must be a training-loop call: present in at least half the steps
   of every reference run that makes it (``model.train()`` after a periodic validation
   pass is not one);
@@ -72,6 +75,7 @@ class APISequence(Template):
             # one site per API and optimizer: its first such call, and what preceded it
             # about the same optimizer (or about none)
             seen: set[tuple[str, frozenset[str] | None]] = set()
+            checking = families is not None
             record = None
             for index, (then, objects) in enumerate(facts):
                 if then not in eligible or (then, objects) in seen:
@@ -81,7 +85,7 @@ class APISequence(Template):
                 if families is not None and family not in families:
                     continue
                 before = frozenset(api for api, earlier in facts[:index]
-                                   if api in eligible and api != then and same_objects(earlier, objects))
+                                   if (checking or api in eligible) and api != then and same_objects(earlier, objects))
                 if record is None:
                     record = {"stage": view.rank_stage(rank), "step_is_first": view.step == 0}
                 yield Site(
