@@ -270,3 +270,16 @@ def test_an_ordering_rule_counts_every_earlier_call_when_checking():
     assert rules
     assert check(rules, loop(6, evaluation_at=3, run="eval")) == []
     assert {v.step for v in check(rules, loop(6, forward=False, run="broken"))} == {3, 4, 5}
+
+
+def test_mode_switches_and_a_clear_before_the_forward_are_habits_not_rules():
+    def loop(steps: int):
+        for step in range(steps):
+            yield window_batch(step, [call("torch.nn.Module.train", mtype="Net"), call(OPT_ZERO, obj="opt0"),
+                                      call("torch.nn.Module.forward", mtype="Linear"), call(BACKWARD),
+                                      call(STEP, obj="opt0")], run="habits")
+
+    pairs = {(i.params["first"], i.params["then"]) for i in learn(["APISequence"], loop(6))}
+    assert (OPT_ZERO, BACKWARD) in pairs and (BACKWARD, STEP) in pairs
+    assert not {p for p in pairs if p[0] == "torch.nn.Module.train"}
+    assert (OPT_ZERO, "torch.nn.Module.forward") not in pairs

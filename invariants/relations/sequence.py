@@ -25,6 +25,10 @@ Ordering rules are the noisiest template, so this one is pruned hard:
   time: a second model trained later): a loop that clears gradients at the *end* of
   each iteration has no clear before its first backward, because no earlier iteration
   left any gradient;
+* only orderings a gradient depends on are rules: a mode switch (``train()``/``eval()``)
+  before a training call, or a clear before the forward, is one program's habit (one
+  loop switches modes every iteration, another once per epoch; one clears before the
+  forward, another after the step) and never a law;
 * a learned rule may be scoped only by stage (hand-written ones may also use
   ``step_is_first``), and must hold in every window of every reference trace.
 """
@@ -38,6 +42,8 @@ from .base import Site, Template, WindowView
 from .identity import MODULE_ZERO_GRAD, OPTIMIZER_ZERO_GRAD, call_facts, same_objects
 
 MAX_CALLS_PER_WINDOW = 4
+MODE_SWITCHES = frozenset({"torch.nn.Module.train", "torch.nn.Module.eval"})
+MODULE_FORWARD = "torch.nn.Module.forward"
 OPTIMIZER_STEP = "torch.optim.Optimizer.step"
 #: step 0 is the setup window, step 1 the first training iteration
 FIRST_ITERATION_STEP = 1
@@ -51,6 +57,12 @@ class APISequence(Template):
     #: ordering rules only about training-loop calls: Y must be called in at least half
     #: the steps of every reference run that calls it (not a validation-time toggle)
     min_window_fraction = 0.5
+
+    def keeps_hypothesis(self, params: Mapping[str, Any]) -> bool:
+        first, then = params["first"], params["then"]
+        if first in MODE_SWITCHES:
+            return False
+        return not (first in (OPTIMIZER_ZERO_GRAD, MODULE_ZERO_GRAD) and then == MODULE_FORWARD)
 
     def is_value_family(self, family: tuple) -> bool:
         return True
