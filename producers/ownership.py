@@ -34,12 +34,9 @@ class ParameterOwnership:
         self.stepped: set[int] = set()
 
     # -- parameters ------------------------------------------------------------------------
-    def parameter_registered(self, module: torch.nn.Module, name: str, param: torch.Tensor | None) -> None:
-        """Global registration hook: every parameter any module gets, at model build."""
-        if param is not None:
-            self.remember(param)
-
     def remember(self, param: torch.Tensor) -> None:
+        """Know ``param`` by its address too (from the global registration hook at model
+        build, and from every re-read of the model's names)."""
         if param.numel() and param.device.type != "meta":
             self._by_address[param.data_ptr()] = weakref.ref(param)
 

@@ -70,7 +70,7 @@ def _run_start_argv(trace_dir: Path) -> list[str]:
 def test_collect_records_argv_without_secrets_unless_full_argv_is_opted_in(tmp_path, clean_env):
     script = tmp_path / "train.py"
     script.write_text(TINY_TRAINING)
-    args = ["--api-key", SECRET, f"--url=https://bob:hunter2@db.example.org/x", "--lr", "0.1"]
+    args = ["--api-key", SECRET, "--url=https://bob:hunter2@db.example.org/x", "--lr", "0.1"]
     redacted = _cli(["collect", "-o", str(tmp_path / "redacted"), "--run-id", "safe", "--",
                      sys.executable, str(script), *args], clean_env)
     assert redacted.returncode == 0, redacted.stderr
