@@ -11,6 +11,7 @@ partition), value the encoded batch.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import importlib
 import logging
@@ -88,6 +89,7 @@ class KafkaSink:
         self.connect_errors = 0
         self.last_error: str | None = None
         self._closed = False
+        self._close_deadline = float("inf")  # set by `close`: the sender's shutdown ends by then
         os.register_at_fork(before=functools.partial(_finish_client_import, weakref.ref(self)))
 
     # -- training-thread side -------------------------------------------------------
@@ -124,6 +126,7 @@ class KafkaSink:
         if self._thread is None:
             return
         deadline = time.monotonic() + max(timeout_s, 0.0)
+        self._close_deadline = deadline
         self._put_stop(deadline)
         self._thread.join(max(deadline - time.monotonic(), 0.0))
         # Anything still queued or in flight after the deadline is lost.
@@ -231,6 +234,11 @@ class KafkaSink:
             client_id=f"trainwatch-producer-{os.getpid()}",
             **self._settings,
         )
+        # The client's own exit hook waits on a dead broker and prints a traceback from
+        # atexit; `_shutdown` closes it within the sink's deadline instead.
+        cleanup = getattr(producer, "_cleanup", None)
+        if cleanup is not None:
+            atexit.unregister(cleanup)
         if self._on_client_created is not None:
             self._on_client_created()
         return producer
@@ -289,11 +297,13 @@ class KafkaSink:
                 self._stats.dropped_events += events
 
     def _shutdown(self, producer: Any) -> None:
+        """Flush and close within what is left of `close`'s deadline; what is not
+        delivered by then is counted as dropped by `close`, never waited for."""
         try:
-            producer.flush(timeout=30)
+            producer.flush(timeout=max(self._close_deadline - time.monotonic(), 0.0))
         except Exception as exc:
-            self.last_error = f"{type(exc).__name__}: {exc}"
+            self.last_error = f"the broker did not acknowledge the last batches before the flush timeout ({type(exc).__name__})"
         try:
-            producer.close(timeout=0.5)
+            producer.close(timeout=max(min(self._close_deadline - time.monotonic(), 0.5), 0.0), null_logger=True)
         except Exception:
             pass
