@@ -71,3 +71,15 @@ def test_training_outlives_a_dead_broker_quietly_and_promptly(kafka_broker, clea
     assert "Exception ignored" not in stderr and "Traceback" not in stderr, stderr[-3000:]
     assert "batches dropped" in stderr and "no batches dropped" not in stderr, stderr[-3000:]
     assert after_kill_s < 6.0, f"exit took {after_kill_s:.1f}s after the broker died"
+
+
+def test_the_kafka_client_private_exit_hook_the_sink_unregisters_exists(kafka_broker):
+    """The sink drops kafka-python's own atexit hook (``KafkaProducer._cleanup``), which
+    would wait on a dead broker and print a traceback: that private member must exist."""
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap)
+    try:
+        assert callable(producer._cleanup)
+    finally:
+        producer.close(timeout=1)
