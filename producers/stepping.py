@@ -45,10 +45,10 @@ def _closure_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Callable
 
 
 def _learning_rate_is_zero(optimizer: torch.optim.Optimizer) -> bool:
-    try:
-        return all(float(group.get("lr", 1.0)) == 0.0 for group in optimizer.param_groups)
-    except (TypeError, ValueError, RuntimeError):
-        return False
+    """Only plain-number learning rates are read: a tensor one (capturable optimizers)
+    may live on an accelerator, and reading it would block the step on the device."""
+    rates = [group.get("lr") for group in optimizer.param_groups]
+    return bool(rates) and all(type(rate) in (int, float) and rate == 0 for rate in rates)
 
 
 class StepBoundaries:
