@@ -27,7 +27,7 @@ PARAMS: dict[str, dict[str, Any]] = {
                      "args": dict},
     "StableVariables": {"at": NAME},
     "TrainingFlag": {"api": NAME, "mtype": NAME, "stage": NAME, "training": bool, "first_forward": bool,
-                     "spectral_norm": NAME},
+                     "spectral_norm": NAME, "grad": bool},
 }
 
 _TYPE_WORDS = {str: "a non-empty string", int: "an integer", bool: "true or false", dict: "an object"}

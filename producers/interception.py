@@ -102,16 +102,29 @@ def resolve_object(path: str) -> Any:
     raise ImportError(path)
 
 
-def _positional_names(function: Callable[..., Any]) -> list[str]:
+def _signature(function: Callable[..., Any]) -> tuple[list[str], dict[str, bool]]:
+    """Positional parameter names, and the mode flags (``training``) with their defaults.
+
+    A flag left to its default is still the mode the call ran in: ``F.dropout(x, p)``
+    drops in evaluation too, because ``training`` defaults to ``True``.  Recording only
+    what the caller wrote would hide exactly that mistake, so defaults of mode flags are
+    recorded as if passed.  Other defaults (hyperparameters) are not: they are no law.
+    """
     try:
         parameters = inspect.signature(function).parameters.values()
     except (TypeError, ValueError):
-        return []
-    return [
+        return [], {}
+    positional = [
         p.name
         for p in parameters
         if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     ]
+    flags = {p.name: p.default for p in parameters if p.name in MODE_FLAGS and isinstance(p.default, bool)}
+    return positional, flags
+
+
+#: arguments that say which mode a functional call runs in
+MODE_FLAGS = frozenset({"training"})
 
 
 #: APIs whose calls shape windows and stages: wrapped even when not recorded
@@ -125,7 +138,7 @@ def _make_call_wrapper(
     tracer: Tracer, spec: WrapSpec, on_post: Callable[[], None] | None, record: bool = True
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
-        names = _positional_names(original)
+        names, flag_defaults = _signature(original)
         function_name = f"{getattr(original, '__module__', None) or spec.api.rsplit('.', 1)[0]}.{getattr(original, '__qualname__', spec.api)}"
         method_suffix = spec.api.rsplit(".", 1)[1]
         group = spec.group
@@ -140,7 +153,7 @@ def _make_call_wrapper(
                 token = None
                 try:
                     if record:
-                        token = _begin(tracer, spec, args, kwargs, names, function_name, method_suffix)
+                        token = _begin(tracer, spec, args, kwargs, names, flag_defaults, function_name, method_suffix)
                     else:
                         tracer.loop_signal(spec.api)
                 except Exception as exc:
@@ -170,11 +183,13 @@ def _make_call_wrapper(
 
 def _begin(
     tracer: Tracer, spec: WrapSpec, args: tuple[Any, ...], kwargs: dict[str, Any],
-    names: list[str], function_name: str, method_suffix: str,
+    names: list[str], flag_defaults: dict[str, bool], function_name: str, method_suffix: str,
 ) -> Any:
     """The ``pre`` event of a wrapped call, with what identifies its receiver."""
     call_args = {names[i] if i < len(names) else str(i): value for i, value in enumerate(args)}
     call_args.update(kwargs)
+    for flag, default in flag_defaults.items():
+        call_args.setdefault(flag, default)
     extra = None
     optimizer = None
     if spec.method and args:

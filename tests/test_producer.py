@@ -607,3 +607,17 @@ def test_module_keyword_arguments_arrive_with_the_post_event(tmp_path):
     assert posts[0]["kwargs"] == {"max_new_tokens": 1}
     inner = [e for _, e in _events(_batches(tmp_path)) if e.get("mtype") == "Linear" and e["phase"] == "post"]
     assert "kwargs" not in inner[0]
+
+
+def test_a_mode_flag_left_to_its_default_is_recorded_as_the_mode_the_call_ran_in(tmp_path):
+    """``F.dropout(x, p)`` drops even in evaluation (``training`` defaults to True): the
+    call must say so, or a head that forgets ``training=self.training`` looks unknown."""
+    with producers.instrument(run_id="r-flag", trace_dir=tmp_path):
+        x = torch.randn(4, 3)
+        torch.nn.functional.dropout(x, 0.5)
+        torch.nn.functional.dropout(x, 0.5, False)
+        torch.nn.functional.dropout(x, p=0.5, training=False)
+    calls = [e for _, e in _events(_batches(tmp_path))
+             if e["kind"] == "call" and e["phase"] == "pre" and e["api"] == "torch.nn.functional.dropout"]
+    assert [c["args"]["training"] for c in calls] == [True, False, False]
+    assert all("inplace" not in c["args"] for c in calls)  # other defaults are configuration, not recorded

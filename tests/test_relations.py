@@ -542,3 +542,57 @@ def test_variables_marked_as_shards_by_their_framework_are_not_replicas():
     # a mark that says "replicated" (sequence-parallel LayerNorm) does not exempt it
     replicated = shard(list(SyntheticRun(run="sp", world=2, steps=5).batches()), 2, {"sequence_parallel": True})
     assert [v.step for v in check([inv], replicated)] == [2, 3, 4]
+
+
+DROPOUT = "torch.nn.functional.dropout"
+NO_GRAD_DROPOUT = {"api": DROPOUT, "grad": False, "training": False}
+
+
+def _dropout_batch(step: int, passes: list[tuple[bool, bool, str]]) -> dict:
+    """F.dropout pre/post pairs: (grad enabled, training flag, stage)."""
+    events = []
+    for index, (grad, training, stage) in enumerate(passes):
+        cid = step * 100 + index + 1
+        base = {"kind": "call", "pid": 1, "tid": 1, "stage": stage, "name": DROPOUT, "api": DROPOUT, "cid": cid,
+                "parent": None}
+        events.append(dict(base, t=cid * 2, phase="pre", ctx={"grad": grad, "autocast": None, "training": None},
+                           args={"training": training}))
+        events.append(dict(base, t=cid * 2 + 1, phase="post", ret=None))
+    events.append({"kind": "step", "t": step * 1000 + 999, "pid": 1, "tid": 1, "stage": "train", "phase": "end"})
+    return make_batch(run="dropout", rank=0, world=1, step=step, seq=step, events=events)
+
+
+def _no_grad_rules(reference) -> list:
+    inferencer = Inferencer(["TrainingFlag"])
+    inferencer.add_trace(reference)
+    return [i for i in inferencer.finish() if i.params.get("grad") is False]
+
+
+def test_dropout_without_gradients_runs_in_evaluation_mode_whatever_the_stage():
+    """An evaluation pass that forgets ``model.eval()`` stays in stage 'train' (nothing
+    switched it), so only the missing gradients say it evaluates."""
+    reference = [_dropout_batch(s, [(True, True, "train"), (True, True, "train"), (False, False, "eval"),
+                                    (False, False, "train")]) for s in range(4)]
+    rules = _no_grad_rules(reference)
+    assert [r.params for r in rules] == [NO_GRAD_DROPOUT]
+    assert "stage" not in str(rules[0].precondition)
+    assert "gradients are disabled" in rules[0].description
+    assert check(rules, reference) == []
+    forgot_eval = [_dropout_batch(0, [(True, True, "train")]), _dropout_batch(1, [(False, True, "train")])]
+    assert [v.step for v in check(rules, forgot_eval)] == [1]
+    assert check(rules, [_dropout_batch(0, [(True, True, "train"), (True, True, "eval")])]) == []
+
+
+def test_no_grad_dropout_rule_is_not_learned_when_a_reference_drops_without_gradients():
+    monte_carlo = [_dropout_batch(s, [(True, True, "train"), (False, True, "eval"), (False, False, "eval")])
+                   for s in range(4)]
+    assert _no_grad_rules(monte_carlo) == []
+
+
+def test_no_grad_dropout_rule_params_are_validated():
+    from invariants.relations import TEMPLATES
+
+    flag = TEMPLATES["TrainingFlag"]
+    assert flag.validate_params(NO_GRAD_DROPOUT) is None
+    assert flag.validate_params(dict(NO_GRAD_DROPOUT, grad=True)) == "grad"
+    assert flag.validate_params(dict(NO_GRAD_DROPOUT, stage="eval")) == "grad"

@@ -256,7 +256,7 @@ class TrainingFlag(Template):
         """Whether a first-forward rule is deployed, and the APIs whose calls the
         deployed rules read."""
         first_wanted = any(f[0] == "first_forward" for f in families)
-        apis = {f[1] for f in families if f[0] == "flag"} | ({MODULE_FORWARD} if first_wanted else set())
+        apis = {f[1] for f in families if f[0] in ("flag", "no_grad")} | ({MODULE_FORWARD} if first_wanted else set())
         return first_wanted, frozenset(apis)
 
     def sites(self, view: WindowView, families: Any = None, plan: Any = None) -> Iterator[Site]:
@@ -272,20 +272,23 @@ class TrainingFlag(Template):
                         site = self._first_forward_site(view, call, rank, families)
                         if site is not None:
                             yield site
-                stage = call.get("stage", "")
-                family = ("flag", api, call.get("mtype") or "", stage)
-                if families is not None and family not in families:
-                    continue
                 flag = call.get("training")
                 if not isinstance(flag, bool):
                     args = call.get("args") or {}
                     flag = args.get("training")
                     if not isinstance(flag, bool):
                         continue
-                yield Site(family, frozenset([flag]), lambda call=call, rank=rank: [view.call_record(call, rank)],
-                           [rank], stage,
-                           lambda call=call, flag=flag: {"call": call["key"], "module": call.get("module"),
-                                                         "mtype": call.get("mtype"), "training": flag})
+                stage = call.get("stage", "")
+                families_here = [("flag", api, call.get("mtype") or "", stage)]
+                if "dropout" in api and _grad_disabled(call):
+                    families_here.append(("no_grad", api))
+                for family in families_here:
+                    if families is not None and family not in families:
+                        continue
+                    yield Site(family, frozenset([flag]), lambda call=call, rank=rank: [view.call_record(call, rank)],
+                               [rank], stage,
+                               lambda call=call, flag=flag: {"call": call["key"], "module": call.get("module"),
+                                                             "mtype": call.get("mtype"), "training": flag})
 
     @staticmethod
     def _first_forward_site(view: WindowView, call: dict[str, Any], rank: int, families: Any) -> Site | None:
@@ -309,6 +312,8 @@ class TrainingFlag(Template):
     def params(self, family: tuple, value: Any) -> dict[str, Any]:
         if family[0] == "first_forward":
             return {"api": family[1], "first_forward": True, "spectral_norm": family[2], "training": value}
+        if family[0] == "no_grad":
+            return {"api": family[1], "grad": False, "training": value}
         params = {"api": family[1], "stage": family[3], "training": value}
         if family[2]:
             params["mtype"] = family[2]
@@ -324,6 +329,10 @@ class TrainingFlag(Template):
             if not isinstance(params.get("spectral_norm"), str):
                 raise ValueError("spectral_norm")
             return ("first_forward", str(params["api"]), params["spectral_norm"]), flag
+        if "grad" in params:
+            if params["grad"] is not False or "stage" in params or "mtype" in params:
+                raise ValueError("grad")
+            return ("no_grad", str(params["api"])), flag
         return ("flag", str(params["api"]), str(params.get("mtype") or ""), str(params["stage"])), flag
 
     def needs(self, params: Mapping[str, Any]) -> FactPlan:
@@ -335,6 +344,9 @@ class TrainingFlag(Template):
         if params.get("first_forward"):
             return (f"the first forward of a module with spectral normalisation ({params['spectral_norm']}) "
                     f"runs in {mode} mode (training={params['training']})")
+        if params.get("grad") is False:
+            return (f"{params['api']} runs in {mode} mode (training={params['training']}) whenever gradients "
+                    f"are disabled (torch.no_grad, inference_mode)")
         what = f"{params['mtype']} modules" if params.get("mtype") else params["api"]
         return f"{what} run in {mode} mode (training={params['training']}) during stage {params['stage']!r}"
 
@@ -344,7 +356,18 @@ class TrainingFlag(Template):
                     "estimate of sigma was never refined, so the layer divided its weight by a sigma from random "
                     "vectors; run a training-mode forward first (or use "
                     "torch.nn.utils.parametrizations.spectral_norm)")
+        if params.get("grad") is False:
+            return ("dropout was active in a pass without gradients, i.e. an evaluation or generation pass: "
+                    "model.eval() was not called before it, or a functional dropout call lacks "
+                    "training=self.training (its default is True)")
         if params["training"]:
             return "the module is in eval mode during training: model.train() was not called back after evaluation"
         return ("the module is still in training mode during evaluation (dropout active, batch-norm statistics "
                 "updated): model.eval() was not called, or a submodule overrides its mode")
+
+
+def _grad_disabled(call: Mapping[str, Any]) -> bool:
+    """The call ran with autograd off (``torch.no_grad``/``inference_mode``): no
+    gradient can come of it, so a pass like this evaluates or generates."""
+    ctx = call.get("ctx")
+    return isinstance(ctx, dict) and ctx.get("grad") is False
