@@ -213,6 +213,9 @@ def validate_batch(batch: Any) -> Batch:
 #: rank that forked the workers announces them (see the ``meta`` kind above).
 WORKER_INIT_API = "torch.utils.data.worker_init"
 DATALOADER_WORKERS_META = "dataloader_workers"
+#: Gradients cleared by user code without a ``zero_grad`` API (``p.grad = None``,
+#: ``p.grad.zero_()``): one call per iteration; ``clears`` as for ``Module.zero_grad``.
+GRAD_CLEAR_API = "torch.Tensor.grad_clear"
 
 
 def is_step_end(event: Event) -> bool:

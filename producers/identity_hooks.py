@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from .patching import patch_attribute
+from .grad_clears import grad_property, hand_clear_allowed
+from .patching import patch_attribute, patch_property
 from .selection import PARAM_OVERWRITE
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ class _RegistrationHandle:
         self._handle.remove()
 
 
-def install_identity_hooks(tracer: "Tracer", record_writes: bool) -> list[Any]:
+def install_identity_hooks(tracer: "Tracer", record_writes: bool, record_clears: bool) -> list[Any]:
     from torch.nn.modules.module import register_module_parameter_registration_hook
 
     handles: list[Any] = [
@@ -51,6 +52,10 @@ def install_identity_hooks(tracer: "Tracer", record_writes: bool) -> list[Any]:
         handles.extend(
             patch_attribute(torch.Tensor, method, _overwrite(tracer, method)) for method in OVERWRITING_METHODS
         )
+    if record_clears:
+        handles.append(patch_property(torch.Tensor, "grad", lambda descriptor: grad_property(tracer, descriptor)))
+        if not record_writes:
+            handles.append(patch_attribute(torch.Tensor, "zero_", _overwrite(tracer, "zero_", record_writes=False)))
     return handles
 
 
@@ -80,15 +85,20 @@ def _optimizer_init(tracer: "Tracer") -> Callable[[Callable[..., Any]], Callable
     return make
 
 
-def _overwrite(tracer: "Tracer", method: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def _overwrite(
+    tracer: "Tracer", method: str, record_writes: bool = True
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     name = f"torch.Tensor.{method}"
+    clears_gradients = method == "zero_"
 
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         def overwrite(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             if torch.compiler.is_compiling() or not tracer.enabled or tracer.busy or tracer.in_optimizer_step:
                 return original(self, *args, **kwargs)
             param = tracer.ownership.parameter_of(self)
-            if param is None or not tracer.enter_group("init"):  # nn.init.* records itself
+            if param is None and clears_gradients:
+                _note_gradient_zeroed(tracer, self)
+            if param is None or not record_writes or not tracer.enter_group("init"):  # nn.init.* records itself
                 return original(self, *args, **kwargs)
             try:
                 token = tracer.begin_call(
@@ -107,3 +117,14 @@ def _overwrite(tracer: "Tracer", method: str) -> Callable[[Callable[..., Any]], 
         return overwrite
 
     return make
+
+
+def _note_gradient_zeroed(tracer: "Tracer", tensor: torch.Tensor) -> None:
+    """``param.grad.zero_()`` by user code is a hand clear of ``param``'s gradient."""
+    try:
+        if hand_clear_allowed(tracer):
+            param = tracer.hand_clears.param_of_grad(tensor, tracer.ownership.known_parameters())
+            if param is not None:
+                tracer.grad_cleared_by_hand(param)
+    except Exception as exc:
+        tracer.internal_error("gradient clear", exc)

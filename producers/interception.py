@@ -19,6 +19,8 @@ from typing import Any, Callable
 import torch
 from torch.overrides import TorchFunctionMode, resolve_name
 
+from invariants.events import GRAD_CLEAR_API
+
 from .identity_hooks import install_identity_hooks
 from .worker_hooks import patch_worker_loop, patch_worker_start
 from .patching import PatchHandle, patch_attribute
@@ -300,7 +302,8 @@ def install(tracer: Tracer, selection: Selection, on_rank_change: Callable[[], N
             if owner is None or not hasattr(owner, attr):
                 continue
             handles.append(patch_attribute(owner, attr, _make_call_wrapper(tracer, spec, on_post, record=wanted)))
-    handles.extend(install_identity_hooks(tracer, record_writes=selection.wants(PARAM_OVERWRITE)))
+    handles.extend(install_identity_hooks(tracer, record_writes=selection.wants(PARAM_OVERWRITE),
+                                          record_clears=selection.wants(GRAD_CLEAR_API)))
     handles.append(patch_worker_loop(tracer))
     handles.append(patch_worker_start(tracer))
     mode_targets = _mode_targets(selection)

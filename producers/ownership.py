@@ -76,6 +76,19 @@ class ParameterOwnership:
             if params and ref() is not None and params <= held
         ]
 
+    def live_optimizers(self) -> list[tuple[str, list[torch.Tensor]]]:
+        """``(opt<i>, its parameters)`` of every optimizer still alive."""
+        alive = []
+        for index, (ref, _) in sorted(self._optimizers.items()):
+            optimizer = ref()
+            if optimizer is not None:
+                alive.append((f"opt{index}", [p for group in optimizer.param_groups for p in group.get("params", ())]))
+        return alive
+
+    def known_parameters(self) -> list[torch.Tensor]:
+        """Every parameter still alive that registration or training made known."""
+        return [param for ref in self._by_address.values() if (param := ref()) is not None]
+
     @property
     def optimizer_known(self) -> bool:
         return bool(self._optimizers)

@@ -61,3 +61,38 @@ def patch_attribute(owner: Any, attr: str, make_wrapper: Callable[[Callable[...,
     replacement.__trainwatch_original__ = original  # type: ignore[attr-defined]
     setattr(owner, attr, replacement)
     return PatchHandle(owner, attr, original, replacement, switch)
+
+
+class PropertyHandle:
+    """Removes a property installed by `patch_property`: the class gets back what it
+    had (its own attribute, or nothing, so the base class's descriptor shows again)."""
+
+    def __init__(self, owner: Any, attr: str, had_own: bool, original: Any, replacement: property) -> None:
+        self.owner = owner
+        self.attr = attr
+        self._had_own = had_own
+        self._original = original
+        self._replacement = replacement
+        self._removed = False
+
+    def remove(self) -> None:
+        if self._removed:
+            return
+        self._removed = True
+        if self.owner.__dict__.get(self.attr) is not self._replacement:
+            return  # somebody replaced ours since: theirs stays
+        if self._had_own:
+            setattr(self.owner, self.attr, self._original)
+        else:
+            delattr(self.owner, self.attr)
+
+
+def patch_property(owner: Any, attr: str, make_property: Callable[[Any], property]) -> PropertyHandle:
+    """Install ``make_property(descriptor)`` as ``owner.attr``, where ``descriptor`` is the
+    data descriptor ``owner.attr`` resolves to now (possibly a base class's)."""
+    had_own = attr in owner.__dict__
+    original = owner.__dict__[attr] if had_own else next(
+        klass.__dict__[attr] for klass in owner.__mro__ if attr in klass.__dict__)
+    replacement = make_property(original)
+    setattr(owner, attr, replacement)
+    return PropertyHandle(owner, attr, had_own, original, replacement)

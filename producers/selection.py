@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from invariants.events import GRAD_CLEAR_API
+
 OPTIMIZER_STEP = "torch.optim.Optimizer.step"
 OPTIMIZER_ZERO_GRAD = "torch.optim.Optimizer.zero_grad"
 MODULE_FORWARD = "torch.nn.Module.forward"
@@ -60,6 +62,7 @@ DEFAULT_APIS: frozenset[str] = frozenset(
         OPTIMIZER_STEP,
         OPTIMIZER_ZERO_GRAD,
         MODULE_ZERO_GRAD,
+        GRAD_CLEAR_API,
         MODULE_TRAIN,
         MODULE_EVAL,
         MODULE_FORWARD,

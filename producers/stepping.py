@@ -22,6 +22,9 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from .iterations import Boundary, IterationTracker
+from invariants.events import GRAD_CLEAR_API
+
+from .grad_clears import HandClears
 from .selection import INIT_FUNCTIONS, MODULE_ZERO_GRAD, OPTIMIZER_STEP, OPTIMIZER_ZERO_GRAD, PARAM_OVERWRITE
 from .steps import OptimizerCycle
 
@@ -61,6 +64,7 @@ class StepBoundaries:
         self._deferred_steps: set[int] = set()  # steps whose pre event waits for their closure
         self._open_steps: dict[int, CallToken] = {}
         self._pending_end_states: list[dict[str, Any]] = []
+        self.hand_clears = HandClears()
         #: buffer position where the open window's non-training tail began (None once the
         #: window trains): what a later switch to ``eval`` relabels
         self._tail_start: int | None = None
@@ -72,6 +76,10 @@ class StepBoundaries:
     # -- loop signals -------------------------------------------------------------------
     def loop_signal(self, api: str) -> None:
         """Before a wrapped call's ``pre`` event: it may end setup or an iteration."""
+        if api in BACKWARD_APIS or api == OPTIMIZER_STEP:
+            self._record_hand_clears()
+            if api in BACKWARD_APIS:
+                self.hand_clears.backward_ran()
         if self._stepping:
             return
         position = self.recorder.position
@@ -86,6 +94,21 @@ class StepBoundaries:
             return
         self._tail_start = None
         self._apply(decision)
+
+    def grad_cleared_by_hand(self, param: torch.Tensor) -> None:
+        """``param.grad = None`` or ``param.grad.zero_()`` written by user code: the
+        first such clear since the last backward is a loop signal, like ``zero_grad``."""
+        if self.hand_clears.note(param) and not self._stepping:
+            self._tail_start = None
+            self._apply(self.loop.loop_start(
+                self.recorder.position, zero_grad=True, optimizer_known=self.ownership.optimizer_known))
+
+    def _record_hand_clears(self) -> None:
+        """One ``grad_clear`` call for the hand clears since the last backward or step."""
+        clears = self.hand_clears.take(self.ownership.live_optimizers())
+        if clears is not None and self.selection.wants(GRAD_CLEAR_API):
+            self.end_call(self.begin_call(GRAD_CLEAR_API, "torch.Tensor.grad (cleared by hand)", {},
+                                          extra={"clears": clears}))
 
     def root_forward_signal(self) -> None:
         """A model root runs forward in training mode with gradients on."""

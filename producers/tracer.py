@@ -177,6 +177,11 @@ class Tracer(StepBoundaries, ForwardHooks):
     def busy(self) -> bool:
         return self._tls.busy
 
+    @property
+    def thread_groups(self) -> set[str]:
+        """Groups of wrapped calls in progress on this thread."""
+        return self._tls.groups
+
     # -- stages ---------------------------------------------------------------------
     @contextmanager
     def explicit_stage(self, name: str) -> Iterator[None]:

@@ -21,9 +21,13 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from ..events import GRAD_CLEAR_API
+
 OPTIMIZER_ZERO_GRAD = "torch.optim.Optimizer.zero_grad"
 MODULE_ZERO_GRAD = "torch.nn.Module.zero_grad"
 OPTIMIZER_ID_PREFIX = "opt"
+#: calls that clear gradients of a set of parameters and say which optimizers' (``clears``)
+CLEARING_APIS = frozenset({MODULE_ZERO_GRAD, GRAD_CLEAR_API})
 
 #: every torch.nn.Module subclass exported by torch.nn and torch.nn.parallel (torch 2.13)
 TORCH_NN_MODULES = frozenset({
@@ -88,14 +92,14 @@ def optimizers_of(call: Mapping[str, Any]) -> frozenset[str] | None:
 
 def call_facts(call: Mapping[str, Any]) -> list[tuple[str, frozenset[str] | None]]:
     """(API, optimizers) facts one call establishes.  Equivalent operations are one
-    fact: a ``Module.zero_grad`` over all of an optimizer's parameters is also that
-    optimizer's ``zero_grad``.  One that clears no optimizer's parameters (a loop
+    fact: a ``Module.zero_grad`` (or a clear by hand, ``grad_clear``) over all of an
+    optimizer's parameters is also that optimizer's ``zero_grad``.  One that clears no optimizer's parameters (a loop
     without an optimizer, or part of a model) still clears gradients before a call
     about no optimizer (a backward), never before a given optimizer's step."""
     api = call["api"]
     facts = [(api, optimizers_of(call))]
     clears = call.get("clears")
-    if api == MODULE_ZERO_GRAD and clears is not None:
+    if api in CLEARING_APIS and clears is not None:
         facts.append((OPTIMIZER_ZERO_GRAD, frozenset(clears)))
     return facts
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Mapping
 
+from ..events import GRAD_CLEAR_API
 from ..window import FactPlan
 from .base import Site, Template, WindowView
 from .identity import MODULE_ZERO_GRAD, OPTIMIZER_ZERO_GRAD, call_facts, same_objects
@@ -60,8 +61,8 @@ class APISequence(Template):
 
     def keeps_hypothesis(self, params: Mapping[str, Any]) -> bool:
         first, then = params["first"], params["then"]
-        if first in MODE_SWITCHES:
-            return False
+        if first in MODE_SWITCHES or first == GRAD_CLEAR_API:
+            return False  # a clear by hand is a fact only as the zero_grad it is equivalent to
         return not (first in (OPTIMIZER_ZERO_GRAD, MODULE_ZERO_GRAD) and then == MODULE_FORWARD)
 
     def is_value_family(self, family: tuple) -> bool:
@@ -119,8 +120,8 @@ class APISequence(Template):
 
     def needs(self, params: Mapping[str, Any]) -> FactPlan:
         apis = {params["first"], params["then"], OPTIMIZER_STEP}  # steps say which iterations are first
-        if OPTIMIZER_ZERO_GRAD in apis:  # a Module.zero_grad that clears an optimizer is its zero_grad too
-            apis.add(MODULE_ZERO_GRAD)
+        if OPTIMIZER_ZERO_GRAD in apis:  # a Module.zero_grad or a clear by hand is a zero_grad too
+            apis |= {MODULE_ZERO_GRAD, GRAD_CLEAR_API}
         return FactPlan(apis=apis, args={}, state_points=set(), state_attrs=set())
 
     def describe(self, params: Mapping[str, Any]) -> str:

@@ -1,0 +1,99 @@
+"""Gradients cleared by hand: ``p.grad = None`` and ``p.grad.zero_()`` outside any
+``zero_grad`` API.
+
+Loops written without ``torch.optim`` (tutorials, d2l-style ``sgd`` helpers,
+hand-written updates) and "faster zero_grad" recipes clear gradients one parameter at
+a time.  That is the same fact as a ``zero_grad``: without it, "gradients are cleared
+before each backward" fires on every such healthy loop, and the iteration such a clear
+ends goes unseen.  So a hand clear is
+
+* a loop signal at once (after a backward it ends the iteration, as ``zero_grad`` does);
+* one ``torch.Tensor.grad_clear`` call per iteration, recorded just before the next
+  backward or optimizer step, when it is known which optimizers it cleared entirely:
+  ``clears`` lists those whose every parameter had its gradient cleared or has none.
+
+Writes made by an optimizer's own ``zero_grad``, inside a step, or by autograd during a
+backward are not hand clears and are not seen here.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterable
+
+import torch
+
+if TYPE_CHECKING:
+    from .tracer import Tracer
+
+#: groups of wrapped calls inside which a gradient write is that call's own business
+_OWNING_GROUPS = frozenset({"zero_grad", "backward"})
+
+
+class HandClears:
+    """Parameters whose gradients user code cleared since the last backward or step."""
+
+    def __init__(self) -> None:
+        self._cleared: dict[int, torch.Tensor] = {}
+        #: grad tensor address -> its parameter, rebuilt lazily after each backward
+        self._grad_owners: dict[int, torch.Tensor] | None = None
+
+    def backward_ran(self) -> None:
+        self._grad_owners = None
+
+    def note(self, param: torch.Tensor) -> bool:
+        """Remember a cleared parameter; True for the first clear since the last flush."""
+        first = not self._cleared
+        self._cleared[id(param)] = param
+        return first
+
+    def param_of_grad(self, tensor: torch.Tensor, params: Iterable[torch.Tensor]) -> torch.Tensor | None:
+        """The parameter whose ``.grad`` ``tensor`` is (or views through ``.data``)."""
+        if not tensor.numel() or tensor.device.type == "meta":
+            return None
+        if self._grad_owners is None:
+            self._grad_owners = {}
+            for param in params:
+                grad = param.grad
+                if grad is not None and grad.numel():
+                    self._grad_owners[grad.data_ptr()] = param
+        param = self._grad_owners.get(tensor.data_ptr())
+        if param is None or param.grad is None or param.grad.shape != tensor.shape:
+            return None
+        return param
+
+    def take(self, optimizers: Iterable[tuple[str, list[torch.Tensor]]]) -> list[str] | None:
+        """The optimizers cleared entirely (None: nothing was cleared by hand)."""
+        if not self._cleared:
+            return None
+        cleared = self._cleared
+        self._cleared = {}
+        return [
+            name for name, params in optimizers
+            if params and all(id(p) in cleared or p.grad is None for p in params)
+        ]
+
+
+def hand_clear_allowed(tracer: "Tracer") -> bool:
+    return (tracer.enabled and not tracer.busy and not tracer.in_optimizer_step
+            and not (_OWNING_GROUPS & tracer.thread_groups) and not torch.compiler.is_compiling())
+
+
+def grad_property(tracer: "Tracer", descriptor: Any) -> property:
+    """``Tensor.grad`` with a setter that notices ``param.grad = None``; reads and other
+    writes go straight to torch's own descriptor."""
+
+    def get_grad(tensor: torch.Tensor) -> Any:
+        return descriptor.__get__(tensor, type(tensor))
+
+    def set_grad(tensor: torch.Tensor, value: Any) -> None:
+        descriptor.__set__(tensor, value)
+        if value is None and isinstance(tensor, torch.nn.Parameter) and hand_clear_allowed(tracer):
+            try:
+                tracer.grad_cleared_by_hand(tensor)
+            except Exception as exc:
+                tracer.internal_error("gradient clear", exc)
+
+    def delete_grad(tensor: torch.Tensor) -> None:
+        descriptor.__delete__(tensor)
+
+    return property(get_grad, set_grad, delete_grad, getattr(descriptor, "__doc__", None))
