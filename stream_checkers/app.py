@@ -36,7 +36,6 @@ from typing import Any, Callable, TextIO
 
 import faust
 import msgpack
-from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from invariants.events import SchemaError
 from invariants.step_summary import StepSummary, StepSummaryBuilder
@@ -192,10 +191,7 @@ class StreamChecker:
         if hasattr(self.app.transport, "commit_gate"):
             self.app.transport.commit_gate = CommitGates(self._input_order, self._pending)
         self._stall_guard = StallGuard(self.app, self._input_order, probe)
-        self.broker = BrokerHealth(
-            config.bootstrap_servers,
-            faust_aiokafka.credentials_to_aiokafka_auth(self.app.conf.broker_credentials),
-        )
+        self.broker = BrokerHealth.of_app(self.app, config.bootstrap_servers)
         metrics.broker_up.set(1)
         self.app.timer(PROBE_INTERVAL_S)(self._probe_broker)
         self.app.agent(self.input_topic, name=f"{config.app_id}.check-windows")(self._check_windows)

@@ -42,6 +42,13 @@ class BrokerHealth:
         self.since = clock()
         self.last_error = ""
 
+    @classmethod
+    def of_app(cls, app: Any, bootstrap_servers: list[str]) -> "BrokerHealth":
+        """A probe that connects as the app's own clients do (TLS, SASL credentials)."""
+        from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
+
+        return cls(bootstrap_servers, credentials_to_aiokafka_auth(app.conf.broker_credentials))
+
     @property
     def bootstrap(self) -> str:
         return ",".join(self.bootstrap_servers)

@@ -8,6 +8,7 @@ because it could not make its final offset commit.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import re
@@ -17,8 +18,11 @@ import time
 
 import pytest
 
+from stream_checkers.app import build_faust_app
 from stream_checkers.bounded_worker import EXIT_UNCLEAN_STOP, SHUTDOWN_DEADLINE_S
+from stream_checkers.broker_health import BrokerHealth
 from stream_checkers.client_log_limit import ClientErrorRateLimit
+from stream_checkers.config import CheckerConfig, KafkaSecurity
 from stream_checkers.testing import CheckerProcess, metric, produce, synthetic_step_batch, wait_until
 
 #: What the README promises for a SIGTERM, whatever the broker's state.
@@ -106,6 +110,23 @@ def test_sigterm_with_a_live_broker_stops_cleanly_with_exit_0(kafka_broker, clea
         checker.kill()
     assert code == 0, checker.log_text()[-2000:]
     assert took_s <= STOP_BOUND_S and took_s < SHUTDOWN_DEADLINE_S + 1
+
+
+def test_the_broker_probe_connects_with_the_workers_tls_settings(tls_kafka_broker, tmp_path):
+    """A probe that ignored the worker's security settings would report a healthy TLS
+    cluster as down (and page); one that connects in plaintext must fail."""
+    tls = tls_kafka_broker
+
+    def probe(security: KafkaSecurity) -> BrokerHealth:
+        config = CheckerConfig(bootstrap=tls.bootstrap, security=security, data_dir=str(tmp_path / "checker"))
+        health = BrokerHealth.of_app(build_faust_app(config), config.bootstrap_servers)
+        asyncio.run(health.probe())
+        return health
+
+    secure = probe(KafkaSecurity.from_env(tls.security_env()))
+    assert secure.up, secure.last_error
+    plaintext = probe(KafkaSecurity())
+    assert not plaintext.up and plaintext.last_error
 
 
 # -- the rate limit on its own, with a controlled clock ----------------------------------------
