@@ -63,7 +63,8 @@ class BrokerHealth:
         except asyncio.TimeoutError:
             self._record(False, f"no metadata answer within {self.timeout_s:g}s")
         except Exception as exc:  # aiokafka raises its own errors and OSErrors alike
-            self._record(False, f"{type(exc).__name__}: {exc}")
+            text = str(exc)  # aiokafka's errors already start with their class name
+            self._record(False, text if text.startswith(type(exc).__name__) else f"{type(exc).__name__}: {text}")
         else:
             self._record(True, "")
         return self.up
