@@ -46,8 +46,7 @@ def run_worker(config: CheckerConfig, engine: EnginePort, *, out: TextIO | None 
     """Block until the worker is stopped (SIGINT/SIGTERM); return a process exit code:
     0 after a clean stop, 2 (`EXIT_UNCLEAN_STOP`) when the broker was unreachable as it
     stopped, so no final offset commit was made."""
-    import faust  # noqa: F401  (heavy import kept out of module import time)
-
+    # Faust is a heavy import, kept out of module import time.
     from .app import StreamChecker
     from .bounded_worker import EXIT_UNCLEAN_STOP, BoundedShutdownWorker
 
