@@ -41,6 +41,7 @@ from invariants.events import SchemaError
 from invariants.step_summary import StepSummary, StepSummaryBuilder
 from invariants.trends import TrendMonitor, TrendRules
 
+from .broker_health import PROBE_INTERVAL_S, BrokerHealth
 from .config import CheckerConfig
 from .dead_letter import dead_letter_record
 from .end_offsets import FetchHighwaterProbe, HighwaterTransport
@@ -190,6 +191,9 @@ class StreamChecker:
         if hasattr(self.app.transport, "commit_gate"):
             self.app.transport.commit_gate = CommitGates(self._input_order, self._pending)
         self._stall_guard = StallGuard(self.app, self._input_order, probe)
+        self.broker = BrokerHealth.of_app(self.app, config.bootstrap_servers)
+        metrics.broker_up.set(1)
+        self.app.timer(PROBE_INTERVAL_S)(self._probe_broker)
         self.app.agent(self.input_topic, name=f"{config.app_id}.check-windows")(self._check_windows)
         self.app.agent(self.summaries_topic, name=f"{config.app_id}.trend-monitors")(self._monitor_trends)
         self.app.timer(config.tick_interval_seconds)(self._tick)
@@ -524,8 +528,14 @@ class StreamChecker:
         self.metrics.open_windows.set(len(self._open))
         self._update_consumer_lag()
         await self._input_order.retry_repairs()
-        if self._ticks % STALL_CHECK_EVERY_TICKS == 0:
-            await self._stall_guard.check()
+        if self._ticks % STALL_CHECK_EVERY_TICKS == 0 and self.broker.up:
+            await self._stall_guard.check()  # its fetch probe would only wait out a dead broker
+
+    async def _probe_broker(self) -> None:
+        up = await self.broker.probe()
+        self.metrics.broker_up.set(1 if up else 0)
+        if not up:
+            self._update_consumer_lag()
 
     def _grace_expired(self, now: float, last_batch_at: float, newest_producer_ts: float, partition: int) -> bool:
         return grace_expired(now=now, last_batch_at=last_batch_at, newest_producer_ts=newest_producer_ts,
@@ -564,6 +574,15 @@ class StreamChecker:
         await self.ticks_topic.send(key=key, value=op, partition=partition)
 
     def _update_consumer_lag(self) -> None:
+        if not self.broker.up:
+            # The assignment and high-watermarks are what the consumer saw before the
+            # broker went away: reporting them would say "caught up" about a worker
+            # that reads nothing.  It owns no partition it can read, and its lag is
+            # unknown (NaN, which no lag alert compares true with) until the broker answers.
+            self.metrics.assigned_partitions.set(0)
+            for partition in self._positions:
+                self.metrics.consumer_lag.labels(partition=str(partition)).set(math.nan)
+            return
         consumer = self.app.consumer
         try:
             assignment = consumer.assignment()

@@ -103,11 +103,17 @@ class CheckerMetrics:
         )
         self.consumer_lag = Gauge(
             "trainwatch_consumer_lag_messages",
-            "Events-topic messages not yet processed (fetch high-watermark minus position).",
+            "Events-topic messages not yet processed (fetch high-watermark minus position; NaN while the broker is down).",
             ["partition"], registry=registry,
         )
         self.assigned_partitions = Gauge(
-            "trainwatch_assigned_partitions", "Events-topic partitions this worker currently owns.",
+            "trainwatch_assigned_partitions",
+            "Events-topic partitions this worker currently owns and can read (0 while the broker is down).",
+            registry=registry,
+        )
+        self.broker_up = Gauge(
+            "trainwatch_broker_up",
+            "1 while the Kafka cluster answers this worker's metadata probe, 0 while it does not.",
             registry=registry,
         )
         self.producer_dropped_events = Counter(

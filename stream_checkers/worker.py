@@ -43,10 +43,12 @@ def tune_gc_for_streaming() -> None:
 
 
 def run_worker(config: CheckerConfig, engine: EnginePort, *, out: TextIO | None = None) -> int:
-    """Block until the worker is stopped (SIGINT/SIGTERM); return a process exit code."""
-    import faust  # noqa: F401  (heavy import kept out of module import time)
-
+    """Block until the worker is stopped (SIGINT/SIGTERM); return a process exit code:
+    0 after a clean stop, 2 (`EXIT_UNCLEAN_STOP`) when the broker was unreachable as it
+    stopped, so no final offset commit was made."""
+    # Faust is a heavy import, kept out of module import time.
     from .app import StreamChecker
+    from .bounded_worker import EXIT_UNCLEAN_STOP, BoundedShutdownWorker
 
     out = out or sys.stdout
     # Faust runs its Kafka consumer in a second thread.  Every socket send of the
@@ -68,8 +70,9 @@ def run_worker(config: CheckerConfig, engine: EnginePort, *, out: TextIO | None 
             file=out,
             flush=True,
         )
-        worker = faust.Worker(
+        worker = BoundedShutdownWorker(
             checker.app,
+            checker.broker,
             loglevel=config.log_level,
             quiet=True,
             redirect_stdouts=False,
@@ -78,10 +81,16 @@ def run_worker(config: CheckerConfig, engine: EnginePort, *, out: TextIO | None 
         worker.spinner = None  # terminal control codes have no place in a log
         tune_gc_for_streaming()
         logging.getLogger("trainwatch.checker").setLevel(logging.INFO)
+        code = 0
         try:
             worker.execute_from_commandline()
         except SystemExit as exc:
-            return int(exc.code or 0) if isinstance(exc.code, int) else 0
-        return 0
+            code = int(exc.code or 0) if isinstance(exc.code, int) else 0
+        if worker.stopped_with_broker_down:
+            print(f"trainwatch serve: stopped with the broker at {config.bootstrap} unreachable: no final "
+                  "offset commit; records consumed since the last commit are read again by the next worker",
+                  file=sys.stderr, flush=True)
+            return code or EXIT_UNCLEAN_STOP
+        return code
     finally:
         server.shutdown()

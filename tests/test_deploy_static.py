@@ -333,7 +333,7 @@ def test_every_alert_has_for_severity_text_and_an_existing_runbook():
     required = {
         "TrainwatchInvariantViolated", "TrainwatchRankStoppedReporting", "TrainwatchCheckerLagging",
         "TrainwatchProducerDroppingEvents", "TrainwatchDeadLettersGrowing", "TrainwatchCheckerDown",
-        "TrainwatchRunSilent",
+        "TrainwatchRunSilent", "TrainwatchBrokerDown",
     }
     assert required <= names
     for alert in alerts:
