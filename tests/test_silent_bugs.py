@@ -136,6 +136,12 @@ def test_shipping_rules_need_pipelines_of_several_styles_examples_and_agreed_con
     assert [r.split(" ")[0] for r in evidence_reasons(rule, one_style, {})] == ["styles"]
     few = dict(rule, examples={"positive": MIN_POSITIVES - 1})
     assert [r.split(" ")[0] for r in evidence_reasons(few, three_styles, {})] == ["positive"]
+    workers = {"relation": "APIArg", "params": {"api": "torch.utils.data.worker_init", "arg": "dataset_rng_digest",
+                                                "form": "distinct"}, "examples": {"positive": 6}}
+    worker_support = {shape(workers): {"dataloader_augment", "cnn_bn_dropout", "segmentation_owned_rng"}}
+    assert evidence_reasons(workers, worker_support, {}) == []  # workers start once an epoch
+    assert [r.split(" ")[0] for r in evidence_reasons(dict(workers, examples={"positive": 5}), worker_support, {})] == [
+        "positive"]
     assert any(r.startswith("keyed on a user class") for r in evidence_reasons(
         {"relation": "TrainingFlag", "params": {**rule["params"], "mtype": "Net"}, "examples": rule["examples"]},
         three_styles, {}))

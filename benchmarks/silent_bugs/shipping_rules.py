@@ -8,7 +8,9 @@ a candidate ships only with evidence that it is a law of training code, not a ha
 * **pipelines**: inferring each reference pipeline *alone* finds it (same relation and
   parameters) in at least ``MIN_PIPELINES`` pipelines, of at least ``MIN_STYLES``
   different styles (`STYLES`: three copies of one loop are one piece of evidence);
-* **examples**: at least ``MIN_POSITIVES`` positive examples over all references;
+* **examples**: at least ``MIN_POSITIVES`` positive examples over all references
+  (``MIN_POSITIVES_WORKER_STARTS`` for rules about DataLoader workers starting, which
+  happens once an epoch);
 * **constants** (an output dtype, an argument value of an inner call): every pipeline
   whose own inference pins the same thing under the same precondition pins the same
   value; output dtypes only under an active autocast; argument values only for the
@@ -34,6 +36,11 @@ from invariants.relations.identity import keyed_on_user_class
 MIN_PIPELINES = 3
 MIN_STYLES = 3
 MIN_POSITIVES = 30
+#: Rules about DataLoader workers starting have one example per epoch (workers start
+#: once an epoch, or once a run when persistent): thirty would take thirty epochs of
+#: every reference.  Their evidence is the number of pipelines and styles, which stays.
+MIN_POSITIVES_WORKER_STARTS = 6
+WORKER_INIT = "torch.utils.data.worker_init"
 
 #: reference id -> style: how its training loop is written (model family, launch, data
 #: path).  Pipelines of one style share habits; support must span several styles.  A
@@ -72,6 +79,12 @@ def shape(invariant: Mapping[str, Any]) -> str:
 def positives(invariant: Mapping[str, Any]) -> int:
     examples = invariant.get("examples") or {}
     return int(examples.get("positive", invariant.get("positive", 0)) or 0)
+
+
+def min_positives(invariant: Mapping[str, Any]) -> int:
+    if invariant["relation"] == "APIArg" and invariant["params"].get("api") == WORKER_INIT:
+        return MIN_POSITIVES_WORKER_STARTS
+    return MIN_POSITIVES
 
 
 # ----------------------------------------------------------------------------- constants
@@ -171,9 +184,9 @@ def evidence_reasons(invariant: Mapping[str, Any], support: Mapping[str, set[str
     styles = sorted({style_of(ref) for ref in pipelines})
     if len(styles) < MIN_STYLES:
         reasons.append(f"styles {len(styles)} < {MIN_STYLES}: {', '.join(styles) or 'none'}")
-    count = positives(invariant)
-    if count < MIN_POSITIVES:
-        reasons.append(f"positive examples {count} < {MIN_POSITIVES}")
+    count, needed = positives(invariant), min_positives(invariant)
+    if count < needed:
+        reasons.append(f"positive examples {count} < {needed}")
     if is_dtype_artefact(invariant):
         reasons.append("output dtype pinned without an active autocast")
     if is_configuration_pin(invariant):
