@@ -549,13 +549,15 @@ NO_GRAD_DROPOUT = {"api": DROPOUT, "grad": False, "training": False}
 
 
 def _dropout_batch(step: int, passes: list[tuple[bool, bool, str]]) -> dict:
-    """F.dropout pre/post pairs: (grad enabled, training flag, stage)."""
+    """F.dropout pre/post pairs: (grad enabled, training flag, stage); the enclosing
+    module's mode (``ctx.training``) follows the stage, as with ``eval()``."""
     events = []
     for index, (grad, training, stage) in enumerate(passes):
         cid = step * 100 + index + 1
         base = {"kind": "call", "pid": 1, "tid": 1, "stage": stage, "name": DROPOUT, "api": DROPOUT, "cid": cid,
                 "parent": None}
-        events.append(dict(base, t=cid * 2, phase="pre", ctx={"grad": grad, "autocast": None, "training": None},
+        events.append(dict(base, t=cid * 2, phase="pre", ctx={"grad": grad, "autocast": None,
+                                                               "training": stage == "train"},
                            args={"training": training}))
         events.append(dict(base, t=cid * 2 + 1, phase="post", ret=None))
     events.append({"kind": "step", "t": step * 1000 + 999, "pid": 1, "tid": 1, "stage": "train", "phase": "end"})
@@ -571,11 +573,11 @@ def _no_grad_rules(reference) -> list:
 def test_dropout_without_gradients_runs_in_evaluation_mode_whatever_the_stage():
     """An evaluation pass that forgets ``model.eval()`` stays in stage 'train' (nothing
     switched it), so only the missing gradients say it evaluates."""
-    reference = [_dropout_batch(s, [(True, True, "train"), (True, True, "train"), (False, False, "eval"),
-                                    (False, False, "train")]) for s in range(4)]
+    reference = [_dropout_batch(s, [(True, True, "train"), (True, True, "train"), (False, False, "eval")])
+                 for s in range(4)]
     rules = _no_grad_rules(reference)
     assert [r.params for r in rules] == [NO_GRAD_DROPOUT]
-    assert "stage" not in str(rules[0].precondition)
+    assert "stage" not in str(rules[0].precondition) and "ctx.training" not in str(rules[0].precondition)
     assert "gradients are disabled" in rules[0].description
     assert check(rules, reference) == []
     forgot_eval = [_dropout_batch(0, [(True, True, "train")]), _dropout_batch(1, [(False, True, "train")])]

@@ -285,8 +285,9 @@ class TrainingFlag(Template):
                 for family in families_here:
                     if families is not None and family not in families:
                         continue
-                    yield Site(family, frozenset([flag]), lambda call=call, rank=rank: [view.call_record(call, rank)],
-                               [rank], stage,
+                    records = (lambda call=call, rank=rank: [view.call_record(call, rank)]) if family[0] == "flag" else (
+                        lambda call=call, rank=rank: [_without_mode(view.call_record(call, rank))])
+                    yield Site(family, frozenset([flag]), records, [rank], stage,
                                lambda call=call, flag=flag: {"call": call["key"], "module": call.get("module"),
                                                              "mtype": call.get("mtype"), "training": flag})
 
@@ -364,6 +365,15 @@ class TrainingFlag(Template):
             return "the module is in eval mode during training: model.train() was not called back after evaluation"
         return ("the module is still in training mode during evaluation (dropout active, batch-norm statistics "
                 "updated): model.eval() was not called, or a submodule overrides its mode")
+
+
+#: record fields that say which mode a pass was meant to run in: a rule about passes
+#: without gradients must not be scoped by them (forgetting ``eval()`` changes both)
+_MODE_FIELDS = frozenset({"stage", "ctx.training"})
+
+
+def _without_mode(record: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in record.items() if key not in _MODE_FIELDS}
 
 
 def _grad_disabled(call: Mapping[str, Any]) -> bool:
