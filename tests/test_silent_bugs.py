@@ -119,6 +119,12 @@ def test_curation_rules_keep_behaviour_and_drop_artefacts():
     assert is_collective_habit(broadcast)
     assert not is_collective_habit({**broadcast, "params": {**broadcast["params"], "stage": "eval"}})
 
+    from shipping_rules import is_data_agreement
+
+    same_input = {"relation": "APIArg", "params": {"api": "torch.nn.Module.forward", "arg": "0", "form": "ranks"}}
+    assert is_data_agreement(same_input)
+    assert not is_data_agreement({**same_input, "params": {**same_input["params"], "api": "torch.distributed.all_reduce"}})
+
     guarded = {"id": "inv-x", "apis": ["torch.utils.data.worker_init"], "precondition": autocast}
     assert without_helper_context_guard(guarded) == {"apis": ["torch.utils.data.worker_init"], "precondition": None}
     other = {"id": "inv-y", "apis": ["torch.nn.Module.forward"], "precondition": autocast}

@@ -15,6 +15,8 @@ a candidate ships only with evidence that it is a law of training code, not a ha
   whose own inference pins the same thing under the same precondition pins the same
   value; output dtypes only under an active autocast; argument values only for the
   ``training`` flag (``p = 0.5``, ``inplace = False`` are configuration);
+* **data is not a law**: a module input agreeing across data-parallel ranks is refused
+  (each rank pads its own batch);
 * **validation**: it stays silent on a validation run of every reference and on the
   core's synthetic healthy runs (checked by the build script).
 
@@ -133,6 +135,16 @@ def is_collective_habit(invariant: Mapping[str, Any]) -> bool:
             and api != "torch.distributed.init_process_group" and params.get("stage") == "train")
 
 
+def is_data_agreement(invariant: Mapping[str, Any]) -> bool:
+    """"A module's input is the same on every rank": the input is data, and data-parallel
+    ranks see different batches (dynamic padding to each batch's longest sequence, an
+    uneven last batch), so its shape agreeing across ranks is the references' data, not a
+    law of the program."""
+    params = invariant["params"]
+    return (invariant["relation"] == "APIArg" and params.get("form") == "ranks"
+            and params.get("api") == "torch.nn.Module.forward")
+
+
 def constant_family(invariant: Mapping[str, Any]) -> str | None:
     """For an invariant that pins a value, what it pins and under which precondition
     (the value left out); None for invariants that pin nothing."""
@@ -195,6 +207,8 @@ def evidence_reasons(invariant: Mapping[str, Any], support: Mapping[str, set[str
         reasons.append("seeding outside training: reproducibility practice, not a bug")
     if is_collective_habit(invariant):
         reasons.append("a collective's absence from training: the framework's habit, not a law")
+    if is_data_agreement(invariant):
+        reasons.append("a module input agreeing across ranks: data-parallel ranks see different data")
     family = constant_family(invariant)
     if family is not None and len(pins.get(family, {})) > 1:
         values = ", ".join(f"{value} ({', '.join(sorted(refs))})" for value, refs in sorted(pins[family].items()))
