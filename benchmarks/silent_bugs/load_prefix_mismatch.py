@@ -1,5 +1,5 @@
-"""Checkpoint keys carry DDP's ``module.`` prefix and are silently ignored (Stack Overflow
-61854165: the loaded state dict is merged into the model's own, "the loaded state is
+"""Checkpoint keys carry DDP's ``module.`` prefix and are silently ignored (StackOverflow
+question 61854165: the loaded state dict is merged into the model's own, "the loaded state is
 ignored ... you are left with the randomly initialised model").
 
 Root-cause class: checkpoint silently not loaded. The job trains, saves a checkpoint in
