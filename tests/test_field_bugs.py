@@ -28,6 +28,7 @@ EXPECTED_RELATION = {
     "loss_requires_grad_hack": "EventContain",
     "clip_before_backward": "APISequence",
     "clip_after_step": "APISequence",
+    "validation_backward_leaks_grads": "APIAbsent",
 }
 
 

@@ -253,6 +253,34 @@ FIELD_BUGS: tuple[BugCase, ...] = (
         "VGraphRNN/VGRNN-4", ("clip_grad_norm_", "Optimizer.step"), "APISequence (clip before step)",
         cause_class="gradient clipping misplaced",
     ),
+    BugCase(
+        "validation_backward_leaks_grads", "validation loss back-propagated; its gradients added to the next training step",
+        "harvardnlp/annotated-transformer-14", ("backward", "stage 'eval'"), "APIAbsent (no backward in stage eval)",
+        cause_class="validation gradients leak into training",
+    ),
+    BugCase(
+        "scheduler_stepped_per_batch", "epoch-based StepLR stepped every batch; learning rate collapses",
+        "hazdzz/stgcn-18", ("LRScheduler.step", "lr"), "APISequence (scheduler steps once per epoch)",
+        cause_class="learning-rate schedule stepped at the wrong frequency",
+        gap="LRScheduler.step is recorded but no shipped rule bounds how often it runs per optimizer step, and the "
+            "learning rate is not a checked quantity",
+    ),
+    BugCase(
+        "frozen_bn_stats_updated", "backbone frozen with requires_grad=False; its BatchNorm running stats keep moving",
+        "pytorch/pytorch-86590 / lightly-ai/lightly-1438", ("BatchNorm", "running_mean", "backbone"),
+        "TrainingFlag (modules with frozen parameters run in eval mode)",
+        cause_class="frozen BatchNorm statistics still updated",
+        gap="BatchNorm buffers are not compared across steps; no rule that a module whose parameters are all frozen "
+            "keeps its buffers (or runs in eval mode)",
+    ),
+    BugCase(
+        "distributed_sampler_no_set_epoch", "DistributedSampler.set_epoch not called; every epoch replays the same order",
+        "pytorch/pytorch-31771", ("set_epoch", "DistributedSampler"), "APIArg (batch content differs across epochs)",
+        launch=TORCHRUN_2,
+        cause_class="data order not reshuffled across epochs",
+        gap="the sampler's epoch and indices are not recorded; no rule that an epoch's batches differ from the "
+            "previous epoch's",
+    ),
 )
 
 
