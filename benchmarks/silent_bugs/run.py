@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import build_default_set  # noqa: E402
 from harness import REPO, CollectResult, check, collect, infer  # noqa: E402
 from references import REFERENCES  # noqa: E402
-from registry import BUGS, BugCase, onset_step  # noqa: E402
+from registry import ALL_BUGS, BugCase, onset_step  # noqa: E402
 from scoring import FalsePositives, score  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "RESULTS.md"
@@ -115,7 +115,7 @@ def render(rows: list[dict], held_out: dict, command: str, seconds: float, curat
     lines += [f"Command: `{command}` — {seconds / 60:.1f} min on {platform.machine()} "
               f"({time.strftime('%Y-%m-%d', time.gmtime())}); one training thread per rank, CPU only."
               + (" Traces were reused from an earlier full run in the same work directory (`--reuse`); a run "
-                 f"from scratch (`run.py --jobs 2`) collects {3 * len(BUGS) + 3 * len(REFERENCES)} training runs "
+                 f"from scratch (`run.py --jobs 2`) collects {3 * len(ALL_BUGS) + 3 * len(REFERENCES)} training runs "
                  f"and took {FROM_SCRATCH_MINUTES} min on the 2-core development machine." if reused else ""), ""]
     reasons = ", ".join(f"{n} {kind}" for kind, n in sorted(curation.get("reason_counts", {}).items()))
     rules = curation.get("rules", {})
@@ -138,7 +138,7 @@ def render(rows: list[dict], held_out: dict, command: str, seconds: float, curat
                   "| bug | source | onset | detected (first violation − onset) | relation(s) | invariant(s) violated first | names root cause | twin violations |",
                   "|---|---|---|---|---|---|---|---|"]
         for r in rows:
-            case = next(c for c in BUGS if c.id == r["id"])
+            case = next(c for c in ALL_BUGS if c.id == r["id"])
             d = r[mode]["detection"]
             lines.append(
                 f"| `{r['id']}` | {case.source} | {r['onset']} | {_detection_cell(d)} | {_cell(d['relations'])} | "
@@ -149,7 +149,7 @@ def render(rows: list[dict], held_out: dict, command: str, seconds: float, curat
     if misses:
         lines += ["Not caught by the default set, and why (details in `benchmarks/silent_bugs/GAPS.md`):", ""]
         for r in misses:
-            case = next(c for c in BUGS if c.id == r["id"])
+            case = next(c for c in ALL_BUGS if c.id == r["id"])
             lines.append(f"- `{r['id']}`: {case.gap or 'not analysed yet'}")
         lines.append("")
     twin_fp = FalsePositives()
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     curation = json.loads((work / "curation.json").read_text()) if (work / "curation.json").exists() else {}
     default_set = args.set_output  # None: the package data, exactly what users get without -i
 
-    cases = [c for c in BUGS if args.only is None or c.id in args.only]
+    cases = [c for c in ALL_BUGS if args.only is None or c.id in args.only]
 
     def one(case: BugCase) -> dict:
         row = evaluate_bug(case, collect_bug_runs(case, work, args.reuse), work, default_set)
