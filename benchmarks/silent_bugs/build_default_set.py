@@ -162,7 +162,7 @@ def curate(candidates_path: Path, validation: dict[str, CollectResult] | None, w
     pins = pinned_values(per_pipeline)
     refused: dict[str, list[str]] = {}
     for invariant in document["invariants"]:
-        reasons = evidence_reasons(invariant, support, pins)
+        reasons = evidence_reasons(invariant, support, pins, {ref.id: style_of(ref) for ref in REFERENCES})
         if reasons:
             refused[invariant["id"]] = reasons
     if validation:

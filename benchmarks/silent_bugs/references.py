@@ -21,6 +21,10 @@ class Reference:
     script: str
     launch: str = SINGLE
     extra: tuple[str, ...] = ()
+    #: how its training loop is written (see `shipping_rules.STYLES`); empty: looked up there
+    style: str = ""
+    #: the public program or recipe it is modelled on (corpus pipelines)
+    modelled_on: str = ""
 
     def command(self, *, seed: int, steps: int, python: str = sys.executable) -> list[str]:
         launcher = [python] if self.launch != TORCHRUN_2 else [
@@ -53,3 +57,15 @@ REFERENCES: tuple[Reference, ...] = (
     Reference("spawn_ddp", "examples/spawn_ddp.py", SELF_SPAWN),
     Reference("sngan_hinge", "examples/sngan_hinge.py"),
 )
+
+#: Pipelines written after public programs and recipes, each in its authors' habits (the
+#: docstring of each file names its model).  Together with the examples above they are
+#: the evidence an invariant needs before it ships (`shipping_rules`).
+CORPUS: tuple[Reference, ...] = (
+    Reference("segmentation_owned_rng", "benchmarks/corpus/segmentation_owned_rng.py", style="segmentation",
+              modelled_on="pytorch/vision references/segmentation + DataLoader worker reseeding recipe"),
+    Reference("mlm_masking_owned_rng", "benchmarks/corpus/mlm_masking_owned_rng.py", style="mlm-pretraining",
+              modelled_on="google-research/bert create_pretraining_data.py masking through a DataLoader"),
+)
+
+REFERENCES = REFERENCES + CORPUS

@@ -185,7 +185,7 @@ def core_refusals(invariant: Mapping[str, Any]) -> list[str]:
 
 
 def evidence_reasons(invariant: Mapping[str, Any], support: Mapping[str, set[str]],
-                     pins: Mapping[str, Mapping[str, set[str]]]) -> list[str]:
+                     pins: Mapping[str, Mapping[str, set[str]]], styles: Mapping[str, str] | None = None) -> list[str]:
     """Why an invariant may not ship on its evidence (empty: it may, if it survives
     validation).  ``support``: shape -> reference pipelines that find it alone;
     ``pins``: `pinned_values` of the per-pipeline sets."""
@@ -193,9 +193,9 @@ def evidence_reasons(invariant: Mapping[str, Any], support: Mapping[str, set[str
     pipelines = sorted(support.get(shape(invariant), ()))
     if len(pipelines) < MIN_PIPELINES:
         reasons.append(f"pipelines {len(pipelines)} < {MIN_PIPELINES}: {', '.join(pipelines) or 'none alone'}")
-    styles = sorted({style_of(ref) for ref in pipelines})
-    if len(styles) < MIN_STYLES:
-        reasons.append(f"styles {len(styles)} < {MIN_STYLES}: {', '.join(styles) or 'none'}")
+    found_styles = sorted({(styles or {}).get(ref) or style_of(ref) for ref in pipelines})
+    if len(found_styles) < MIN_STYLES:
+        reasons.append(f"styles {len(found_styles)} < {MIN_STYLES}: {', '.join(found_styles) or 'none'}")
     count, needed = positives(invariant), min_positives(invariant)
     if count < needed:
         reasons.append(f"positive examples {count} < {needed}")
