@@ -65,6 +65,8 @@ class StepBoundaries:
         self._open_steps: dict[int, CallToken] = {}
         self._pending_end_states: list[dict[str, Any]] = []
         self.hand_clears = HandClears()
+        #: optimizers (``opt<i>``) whose gradients were cleared since their last step
+        self._cleared_since_step: set[str] = set()
         #: buffer position where the open window's non-training tail began (None once the
         #: window trains): what a later switch to ``eval`` relabels
         self._tail_start: int | None = None
@@ -102,6 +104,13 @@ class StepBoundaries:
             self._tail_start = None
             self._apply(self.loop.loop_start(
                 self.recorder.position, zero_grad=True, optimizer_known=self.ownership.optimizer_known))
+
+    def note_clears(self, api: str, extra: dict[str, Any]) -> None:
+        """Remember which optimizers a recorded call cleared (their next step says so)."""
+        if api == OPTIMIZER_ZERO_GRAD and isinstance(extra.get("obj"), str):
+            self._cleared_since_step.add(extra["obj"])
+        elif api in (MODULE_ZERO_GRAD, GRAD_CLEAR_API):
+            self._cleared_since_step.update(extra.get("clears") or ())
 
     def _record_hand_clears(self) -> None:
         """One ``grad_clear`` call for the hand clears since the last backward or step."""
@@ -178,9 +187,12 @@ class StepBoundaries:
         # by design: it is recorded, but not bracketed by snapshots that rules about
         # updates would judge.  ``trained`` is false at an optimizer's first step.
         index = self.registry.add_optimizer(optimizer)
+        name = f"opt{index}"
+        cleared = name in self._cleared_since_step
+        self._cleared_since_step.discard(name)
         token = self.begin_call(
             OPTIMIZER_STEP, f"{cls.__module__}.{cls.__qualname__}.step", {"self": optimizer},
-            extra={"obj": f"opt{index}", "trained": index in self.ownership.stepped},
+            extra={"obj": name, "trained": index in self.ownership.stepped, "cleared": cleared},
             optimizer=None if _learning_rate_is_zero(optimizer) else optimizer,
         )
         if token is not None:

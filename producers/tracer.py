@@ -270,6 +270,7 @@ class Tracer(StepBoundaries, ForwardHooks):
             )
             if extra:
                 event.update(extra)
+                self.note_clears(api, extra)
             self._record(event)
             stack.append(token.cid)
             if optimizer is not None and api in SNAPSHOT_APIS and self._snapshots and self.sampled:

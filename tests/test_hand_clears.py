@@ -136,3 +136,33 @@ def test_closing_the_producer_gives_tensor_grad_back_to_torch(tmp_path):
         assert "grad" in torch.Tensor.__dict__
     assert "grad" not in torch.Tensor.__dict__
     assert type(torch._C.TensorBase.__dict__["grad"]).__name__ == "getset_descriptor"
+
+
+def test_optimizers_that_each_clear_after_their_own_step_keep_the_clear_before_step_rule(tmp_path):
+    """Two optimizers, each cleared right after its own step (the Lightning GAN recipe):
+    the window ends after the second step, so the first optimizer's clear sits in the
+    previous window; its step says ``cleared`` and the rule holds."""
+
+    def gan(trace_dir, forget_at=None):
+        with producers.instrument(run_id="gan", trace_dir=trace_dir):
+            torch.manual_seed(0)
+            gen, disc = nn.Linear(2, 2), nn.Linear(2, 1)
+            opt_g = torch.optim.Adam(gen.parameters(), lr=1e-3)
+            opt_d = torch.optim.Adam(disc.parameters(), lr=1e-3)
+            for step in range(6):
+                disc(gen(torch.randn(4, 2))).mean().backward()
+                opt_g.step()
+                if step != forget_at:
+                    opt_g.zero_grad()
+                disc(gen(torch.randn(4, 2)).detach()).mean().backward()
+                opt_d.step()
+                opt_d.zero_grad()
+
+    gan(tmp_path / "ref")
+    inferencer = Inferencer(["APISequence"])
+    inferencer.add_trace(_batches(tmp_path / "ref"))
+    rules = [i for i in inferencer.finish() if i.params == {"first": "torch.optim.Optimizer.zero_grad",
+                                                           "then": "torch.optim.Optimizer.step"}]
+    assert rules and _violations(rules, _batches(tmp_path / "ref")) == []
+    gan(tmp_path / "forgot", forget_at=2)
+    assert [v.step for v in _violations(rules, _batches(tmp_path / "forgot"))] == [4]

@@ -19,6 +19,9 @@ Ordering rules are the noisiest template, so this one is pruned hard:
   (``Optimizer.zero_grad`` on opt1, or a ``Module.zero_grad`` whose ``clears`` holds
   opt1: equivalent operations are one fact, see `identity`); calls without ids match
   every optimizer, as in traces of older producers;
+* a step whose call says its optimizer was ``cleared`` since its previous step counts
+  as preceded by that clear, even when it sits in the previous window (optimizers that
+  each clear right after their own step: the window ends after the last one);
 * step 0 is not an example: it is the setup window (model construction,
   initialisation, seeding), whose order differs between pipelines; nor is the first
   iteration of an optimizer (step 1, or a window where an optimizer steps for the first
@@ -81,6 +84,11 @@ class APISequence(Template):
             # (api, optimizers) facts of the calls made directly by user code, in order;
             # the rest are most of a step's calls
             facts = [fact for call in top_level for fact in call_facts(call)]
+            # a step of an optimizer cleared since its previous step (the clear may sit in
+            # the previous window: two optimizers that each clear right after their own
+            # step) has had its clear, wherever the window boundary fell
+            carried = {fact for call in top_level if call["api"] == OPTIMIZER_STEP and call.get("cleared") is True
+                       for fact in call_facts(call)}
             counts: dict[str, int] = {}
             for api, _ in facts:
                 counts[api] = counts.get(api, 0) + 1
@@ -99,6 +107,8 @@ class APISequence(Template):
                     continue
                 before = frozenset(api for api, earlier in facts[:index]
                                    if (checking or api in eligible) and api != then and same_objects(earlier, objects))
+                if (then, objects) in carried:
+                    before |= {OPTIMIZER_ZERO_GRAD}
                 if record is None:
                     record = {"stage": view.rank_stage(rank), "step_is_first": view.step == 0}
                 yield Site(
