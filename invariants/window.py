@@ -12,7 +12,8 @@ Kept per rank:
 ``calls``   one small dict per recorded call of a planned API: api, pid, cid, parent,
             stage, module/mtype/training (``Module.forward``), the receiver's id
             (``obj``), the optimizers a ``Module.zero_grad`` clears (``clears``),
-            whether an initialiser's target was trained (``trained``), filtered args,
+            whether an initialiser's target was trained (``trained``) or held learned
+            values (``learned``), filtered args,
             return summary, ctx, whether it raised, and its order in the rank's stream
 ``links``   ``"pid:cid" -> parent cid`` for every call, only when a plan needs to know
             which calls happen inside which (EventContain with a call child)
@@ -255,6 +256,8 @@ class WindowState:
             fact["clears"] = clears
         if event.trained.__class__ is bool:
             fact["trained"] = event.trained
+        if event.learned.__class__ is bool:
+            fact["learned"] = event.learned
         ctx = payload(event.ctx)
         if ctx.__class__ is dict:
             fact["ctx"] = ctx

@@ -67,10 +67,12 @@ class CallEvent(_Envelope, tag="call"):
     mtype: Any = None
     training: Any = None
     #: the receiver's stable id (``opt<i>``, ``m<i>``), the optimizers a
-    #: ``Module.zero_grad`` clears, and whether an initialiser's target was trained
+    #: ``Module.zero_grad`` clears, whether an initialiser's target was trained, and
+    #: whether it held learned values (trained, or loaded from a state dict)
     obj: Any = None
     clears: Any = None
     trained: Any = None
+    learned: Any = None
 
 
 class StateEvent(_Envelope, tag="state"):
