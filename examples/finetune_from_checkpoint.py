@@ -38,12 +38,14 @@ class Encoder(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.embed = nn.Embedding(VOCAB, WIDTH)
-        self.mix = nn.Linear(WIDTH, WIDTH)
+        self.mix = nn.Linear(WIDTH, 2 * WIDTH)
+        self.out = nn.Linear(2 * WIDTH, WIDTH)
         self.norm = nn.LayerNorm(WIDTH)
         self.apply(init_weights)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.norm(torch.tanh(self.mix(self.embed(tokens)))).mean(1)
+        hidden = self.embed(tokens)
+        return self.norm(hidden + self.out(torch.tanh(self.mix(hidden)))).mean(1)
 
 
 class Classifier(nn.Module):
