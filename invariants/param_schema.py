@@ -22,6 +22,7 @@ PARAMS: dict[str, dict[str, Any]] = {
     "APIOutput": {"form": NAME, "api": NAME, "mtype": NAME, "arg": NAME, "prop": NAME, "out": NAME, "value": ANY},
     "APISequence": {"first": NAME, "then": NAME},
     "AllRanksReport": {},
+    "InitSparesLearned": {"api": NAME},
     "Consistent": {"scope": NAME, "at": NAME, "attr": NAME, "a": NAME, "b": NAME},
     "EventContain": {"form": NAME, "api": NAME, "mtype": NAME, "attr": NAME, "effect": NAME, "child": NAME,
                      "args": dict},

@@ -12,8 +12,9 @@ Kept per rank:
 ``calls``   one small dict per recorded call of a planned API: api, pid, cid, parent,
             stage, module/mtype/training (``Module.forward``), the receiver's id
             (``obj``), the optimizers a ``Module.zero_grad`` clears (``clears``),
-            whether an initialiser's target was trained (``trained``), whether an
-            optimizer's gradients were cleared since its previous step (``cleared``), filtered args,
+            whether an initialiser's target was trained (``trained``) or held learned
+            values (``learned``), whether an optimizer's gradients were cleared since
+            its previous step (``cleared``), filtered args,
             return summary, ctx, whether it raised, and its order in the rank's stream
 ``links``   ``"pid:cid" -> parent cid`` for every call, only when a plan needs to know
             which calls happen inside which (EventContain with a call child)
@@ -258,6 +259,8 @@ class WindowState:
             fact["trained"] = event.trained
         if event.cleared.__class__ is bool:
             fact["cleared"] = event.cleared
+        if event.learned.__class__ is bool:
+            fact["learned"] = event.learned
         ctx = payload(event.ctx)
         if ctx.__class__ is dict:
             fact["ctx"] = ctx

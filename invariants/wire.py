@@ -68,11 +68,13 @@ class CallEvent(_Envelope, tag="call"):
     training: Any = None
     #: the receiver's stable id (``opt<i>``, ``m<i>``), the optimizers a
     #: ``Module.zero_grad`` clears, whether an initialiser's target was trained, and
-    #: whether an optimizer's gradients were cleared since its previous step
+    #: whether an optimizer's gradients were cleared since its previous step, and whether
+    #: an initialiser's target held learned values (trained, or loaded from a state dict)
     obj: Any = None
     clears: Any = None
     trained: Any = None
     cleared: Any = None
+    learned: Any = None
 
 
 class StateEvent(_Envelope, tag="state"):

@@ -10,7 +10,12 @@
   ``copy_``...; how many model libraries initialise and load weights): recorded as
   ``torch.Tensor.param_overwrite`` calls, which mean "this parameter was
   (re)initialised or overwritten", like ``torch.nn.init.*``.  Optimizers write their
-  parameters in place too; inside their step nothing is recorded.
+  parameters in place too; inside their step nothing is recorded.  An initialising
+  write (every method but ``copy_``, which synchronises: target networks, EMA copies,
+  checkpoint loading) says whether its target holds learned values (``learned``).
+* Every ``Module.load_state_dict``: the parameters it filled from the state dict hold
+  learned values from then on, so an initialiser that runs after the load (a model's
+  own ``init_weights`` called once too often) is known to destroy them.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ OVERWRITING_METHODS = (
     "normal_", "uniform_", "zero_", "fill_", "copy_", "random_", "bernoulli_",
     "exponential_", "log_normal_", "cauchy_", "geometric_",
 )
+#: overwriting methods that copy values from elsewhere rather than initialise
+SYNCING_METHODS = frozenset({"copy_"})
 
 
 class _RegistrationHandle:
@@ -47,6 +54,7 @@ def install_identity_hooks(tracer: "Tracer", record_writes: bool, record_clears:
     handles: list[Any] = [
         _RegistrationHandle(register_module_parameter_registration_hook(_registration_hook(tracer))),
         patch_attribute(torch.optim.Optimizer, "__init__", _optimizer_init(tracer)),
+        patch_attribute(torch.nn.Module, "load_state_dict", _load_state_dict(tracer)),
     ]
     if record_writes:
         handles.extend(
@@ -85,11 +93,54 @@ def _optimizer_init(tracer: "Tracer") -> Callable[[Callable[..., Any]], Callable
     return make
 
 
+def _load_state_dict(tracer: "Tracer") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        def load_state_dict(self: torch.nn.Module, state_dict: Any, *args: Any, **kwargs: Any) -> Any:
+            if not tracer.enabled:
+                return original(self, state_dict, *args, **kwargs)
+            try:
+                placeholders = _meta_parameter_names(self)
+            except Exception as exc:
+                tracer.internal_error("state dict load", exc)
+                return original(self, state_dict, *args, **kwargs)
+            result = original(self, state_dict, *args, **kwargs)
+            try:
+                tracer.ownership.loaded(_loaded_parameters(self, state_dict, placeholders))
+            except Exception as exc:
+                tracer.internal_error("state dict load", exc)
+            return result
+
+        return load_state_dict
+
+    return make
+
+
+def _meta_parameter_names(module: torch.nn.Module) -> set[str]:
+    return {name for name, param in module.named_parameters(remove_duplicate=False) if param.device.type == "meta"}
+
+
+def _loaded_parameters(module: torch.nn.Module, state_dict: Any, placeholders: set[str]) -> list[torch.Tensor]:
+    """The parameters whose names the state dict has (read after the load: ``assign=True``
+    replaces them).  A key missing from a partial checkpoint (``strict=False``) leaves
+    its parameter as it was, to be initialised as a new one.
+
+    A parameter that was on the meta device had no values yet: loading into it is how
+    models built without memory get their storage, and libraries use that path for
+    placeholders they initialise next as well as for checkpoint values (Transformers'
+    ``from_pretrained`` loads ``torch.empty`` tensors into the keys the checkpoint
+    lacks).  Such loads are not counted, which misses an initialiser run after
+    ``from_pretrained`` rather than flag the initialisation of a new head."""
+    keys = set(state_dict.keys())
+    return [param for name, param in module.named_parameters(remove_duplicate=False)
+            if name in keys and name not in placeholders]
+
+
 def _overwrite(
     tracer: "Tracer", method: str, record_writes: bool = True
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     name = f"torch.Tensor.{method}"
     clears_gradients = method == "zero_"
+    initialises = method not in SYNCING_METHODS
 
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         def overwrite(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
@@ -101,9 +152,10 @@ def _overwrite(
             if param is None or not record_writes or not tracer.enter_group("init"):  # nn.init.* records itself
                 return original(self, *args, **kwargs)
             try:
-                token = tracer.begin_call(
-                    PARAM_OVERWRITE, name, {"tensor": param}, extra={"trained": tracer.ownership.is_trained(param)}
-                )
+                extra = {"trained": tracer.ownership.is_trained(param)}
+                if initialises:
+                    extra["learned"] = tracer.ownership.holds_learned(param)
+                token = tracer.begin_call(PARAM_OVERWRITE, name, {"tensor": param}, extra=extra)
                 try:
                     result = original(self, *args, **kwargs)
                 except BaseException as exc:

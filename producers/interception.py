@@ -209,7 +209,7 @@ def _begin(
     else:
         name = function_name
         if spec.api in INIT_FUNCTIONS and args:
-            extra = {"trained": tracer.trained_target(args[0])}
+            extra = tracer.init_target_facts(args[0])
     return tracer.begin_call(spec.api, name, call_args, extra=extra, stage=spec.stage, optimizer=optimizer)
 
 

@@ -4,7 +4,9 @@ Rules about optimizers must speak of *which* optimizer: a ``zero_grad`` on one d
 clear another's gradients, and ``netD.zero_grad()`` (a ``Module.zero_grad`` over exactly
 the parameters an optimizer holds) clears that optimizer's gradients as surely as
 ``optimizerD.zero_grad()`` does.  Rules about initialisation must speak of parameters
-already trained: re-initialising those is the bug, building a new model mid-run is not.
+that hold learned values, trained in this run or loaded from a checkpoint by
+``Module.load_state_dict``: re-initialising those is the bug, building a new model (or a
+new head over a loaded backbone) and initialising it is not.
 
 Optimizers are known by the index the `ParameterRegistry` gave them (``opt<i>``, in
 order of first sight, so equal across ranks of one program).  Writes through
@@ -15,7 +17,7 @@ found by the address of their first element.
 from __future__ import annotations
 
 import weakref
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 
@@ -25,11 +27,12 @@ def optimizer_param_ids(optimizer: torch.optim.Optimizer) -> frozenset[int]:
 
 
 class ParameterOwnership:
-    """Optimizer membership, trained parameters and ``.data`` aliases of one process."""
+    """Optimizer membership, trained and loaded parameters and ``.data`` aliases of one process."""
 
     def __init__(self) -> None:
         self._optimizers: dict[int, tuple[weakref.ref[torch.optim.Optimizer], frozenset[int]]] = {}
         self._trained: dict[int, weakref.ref[torch.Tensor]] = {}
+        self._loaded: dict[int, weakref.ref[torch.Tensor]] = {}
         self._by_address: dict[int, weakref.ref[torch.Tensor]] = {}
         self.stepped: set[int] = set()
 
@@ -99,11 +102,30 @@ class ParameterOwnership:
         self._mark_trained(p for p in params if p.requires_grad)
 
     def _mark_trained(self, params: Iterable[torch.Tensor]) -> None:
-        for param in params:
-            if id(param) not in self._trained:
-                self._trained[id(param)] = weakref.ref(param)
-                self.remember(param)
+        _mark(self._trained, params, self.remember)
 
     def is_trained(self, param: torch.Tensor) -> bool:
-        ref = self._trained.get(id(param))
-        return ref is not None and ref() is param
+        return _marked(self._trained, param)
+
+    # -- loaded parameters -----------------------------------------------------------------
+    def loaded(self, params: Iterable[torch.Tensor]) -> None:
+        """``Module.load_state_dict`` gave these values from a state dict."""
+        _mark(self._loaded, params, self.remember)
+
+    def holds_learned(self, param: torch.Tensor) -> bool:
+        """Trained in this run, or loaded: values an initialiser would destroy."""
+        return _marked(self._trained, param) or _marked(self._loaded, param)
+
+
+def _mark(marks: dict[int, weakref.ref[torch.Tensor]], params: Iterable[torch.Tensor],
+          remember: Callable[[torch.Tensor], None]) -> None:
+    for param in params:
+        ref = marks.get(id(param))
+        if ref is None or ref() is not param:  # an id reused by a new tensor is a new parameter
+            marks[id(param)] = weakref.ref(param)
+            remember(param)
+
+
+def _marked(marks: dict[int, weakref.ref[torch.Tensor]], param: torch.Tensor) -> bool:
+    ref = marks.get(id(param))
+    return ref is not None and ref() is param

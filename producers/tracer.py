@@ -211,12 +211,14 @@ class Tracer(StepBoundaries, ForwardHooks):
         if holds_model(module, self.registry.roots()):
             self._set_auto_stage("train" if real_model(module).training else "eval")
 
-    def trained_target(self, tensor: Any) -> bool:
-        """An initialiser's target is a parameter that training already updated."""
-        if not isinstance(tensor, torch.Tensor):
-            return False
-        param = self.ownership.parameter_of(tensor)
-        return param is not None and self.ownership.is_trained(param)
+    def init_target_facts(self, tensor: Any) -> dict[str, bool]:
+        """What an initialiser is about to destroy: ``trained``, its target was updated by
+        training in this run; ``learned``, it holds learned values (trained, or loaded
+        by ``Module.load_state_dict``)."""
+        param = self.ownership.parameter_of(tensor) if isinstance(tensor, torch.Tensor) else None
+        if param is None:
+            return {"trained": False, "learned": False}
+        return {"trained": self.ownership.is_trained(param), "learned": self.ownership.holds_learned(param)}
 
     def module_call_extra(self, module: torch.nn.Module, api: str) -> dict[str, Any]:
         """Fields of a call on a module: its type, flag and, for a model, which one."""

@@ -227,3 +227,53 @@ def test_a_step_at_learning_rate_zero_is_not_bracketed_by_update_snapshots(tmp_p
     batches = _batches(tmp_path)
     assert [s for s, _ in _calls(batches, "torch.optim.Optimizer.step")] == [1, 2, 3]
     assert set(_states(batches, "pre:torch.optim.Optimizer.step")) == {2, 3}
+
+
+def test_initialisers_say_whether_their_target_holds_loaded_or_trained_values(tmp_path):
+    def build() -> nn.Sequential:
+        return nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
+
+    with producers.instrument(run_id="learned", trace_dir=tmp_path):
+        source = build()
+        checkpoint = {k: v.clone() for k, v in source.state_dict().items()}
+        model = build()
+        model.load_state_dict(checkpoint)
+        model[0].weight.data.normal_(0, 0.02)  # an init_weights() run after the load
+        target = build()
+        target.load_state_dict(model.state_dict())
+        with torch.no_grad():  # a target network's soft update: syncing, not initialising
+            for kept, live in zip(target.parameters(), model.parameters()):
+                kept.data.copy_(0.9 * kept + 0.1 * live)
+        partial = build()
+        partial.load_state_dict({k: v for k, v in checkpoint.items() if k.startswith("0.")}, strict=False)
+        partial[1].weight.data.normal_()  # a key the checkpoint lacked: still a new parameter
+        nn.init.zeros_(partial[0].bias)  # a loaded one
+        optimizer = torch.optim.SGD(source.parameters(), lr=0.1)
+        source(torch.randn(2, 3)).sum().backward()
+        optimizer.step()
+        source[1].weight.data.uniform_()  # trained in this run
+    batches = _batches(tmp_path)
+    writes = [(e["name"], e["trained"], e.get("learned")) for _, e in _calls(batches, "torch.Tensor.param_overwrite")]
+    copies = [w for w in writes if w[0] == "torch.Tensor.copy_"]  # loads, soft updates
+    assert copies and all(learned is None for _, _, learned in copies), "copy_ is not an initialiser"
+    assert [w for w in writes if w[0] != "torch.Tensor.copy_"] == [
+        ("torch.Tensor.normal_", False, True),  # loaded, not trained: learned values all the same
+        ("torch.Tensor.normal_", False, False),
+        ("torch.Tensor.uniform_", True, True),
+    ]
+    zeros = [(e["trained"], e["learned"]) for _, e in _calls(batches, "torch.nn.init.zeros_")]
+    assert zeros == [(False, True)]
+    builds = [e["learned"] for _, e in _calls(batches, "torch.nn.init.kaiming_uniform_")]
+    assert builds == [False] * 8, "parameters being built hold nothing learned"
+
+
+def test_a_meta_device_model_materialised_by_loading_holds_no_learned_values(tmp_path):
+    # how libraries build big models: on the meta device, then a load per parameter,
+    # placeholders for the keys the checkpoint lacks included, which they initialise next
+    with producers.instrument(run_id="meta", trace_dir=tmp_path):
+        with torch.device("meta"):
+            head = nn.Linear(4, 2)
+        head.load_state_dict({"weight": torch.empty(2, 4), "bias": torch.empty(2)}, assign=True)
+        head.weight.data.normal_()
+    writes = [(e["name"], e.get("learned")) for _, e in _calls(_batches(tmp_path), "torch.Tensor.param_overwrite")]
+    assert writes == [("torch.Tensor.normal_", False)]

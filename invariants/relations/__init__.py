@@ -8,6 +8,7 @@ from .api_output import APIOutput
 from .base import Site, Template, WindowView
 from .consistent import Consistent
 from .contain import EventContain
+from .learned_writes import InitSparesLearned
 from .sequence import APISequence
 from .stable_variables import StableVariables
 from .stage_rules import AllRanksReport, APIAbsent, TrainingFlag
@@ -21,6 +22,7 @@ TEMPLATES: dict[str, Template] = {
         APIArg(),
         APIOutput(),
         APIAbsent(),
+        InitSparesLearned(),
         AllRanksReport(),
         TrainingFlag(),
         StableVariables(),
