@@ -67,9 +67,9 @@ class CallEvent(_Envelope, tag="call"):
     mtype: Any = None
     training: Any = None
     #: the receiver's stable id (``opt<i>``, ``m<i>``), the optimizers a
-    #: ``Module.zero_grad`` clears, whether an initialiser's target was trained, and
-    #: whether an optimizer's gradients were cleared since its previous step, and whether
-    #: an initialiser's target held learned values (trained, or loaded from a state dict)
+    #: ``Module.zero_grad`` clears, whether an initialiser's target was trained or held
+    #: learned values (trained, or loaded from a state dict), and whether an optimizer's
+    #: gradients were cleared since its previous step
     obj: Any = None
     clears: Any = None
     trained: Any = None
