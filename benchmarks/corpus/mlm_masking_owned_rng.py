@@ -73,10 +73,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--epoch-batches", type=int, default=3, help="batches per (short) epoch")
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
-    loader = DataLoader(MaskedTokens(8 * args.steps, args.seed), batch_size=8, shuffle=True,
+    loader = DataLoader(MaskedTokens(8 * args.epoch_batches, args.seed), batch_size=8, shuffle=True,
                         num_workers=args.workers, worker_init_fn=worker_rng,
                         generator=torch.Generator().manual_seed(args.seed))
     model = TinyEncoder()
@@ -88,18 +89,22 @@ def main() -> None:
         optimizer, lambda it: min((it + 1) / args.warmup, max(0.0, (args.steps - it) / (args.steps - args.warmup))))
 
     model.train()
-    for step, (tokens, labels) in enumerate(loader):
-        logits = model(tokens)
-        loss = F.cross_entropy(logits.view(-1, VOCAB), labels.view(-1), ignore_index=-100)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
-        model.zero_grad()
-        if step % 5 == 0:
-            print(f"step {step} mlm loss {loss.item():.4f} lr {scheduler.get_last_lr()[0]:.2e}", flush=True)
-        if step + 1 >= args.steps:
-            break
+    step = 0
+    for epoch in range(args.steps):  # short epochs: workers start afresh each one
+        for tokens, labels in loader:
+            logits = model(tokens)
+            loss = F.cross_entropy(logits.view(-1, VOCAB), labels.view(-1), ignore_index=-100)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            model.zero_grad()
+            if step % 5 == 0:
+                print(f"epoch {epoch} step {step} mlm loss {loss.item():.4f} lr {scheduler.get_last_lr()[0]:.2e}",
+                      flush=True)
+            step += 1
+            if step >= args.steps:
+                return
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
 Modelled on: the torchvision segmentation reference recipe (pytorch/vision
 references/segmentation: paired image/mask transforms, SGD with a polynomial learning-rate
-decay, persistent DataLoader workers), with the per-worker reseeding recipe of the
+decay, an epoch loop whose DataLoader starts fresh workers every epoch), with the
+per-worker reseeding recipe of the
 PyTorch DataLoader documentation ("Randomness in multi-process data loading").
 Habits reproduced: the dataset owns a ``numpy.random.RandomState`` for its paired
 augmentations and ``worker_init_fn`` reseeds it from ``torch.initial_seed()``; a
@@ -95,12 +96,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--eval-every", type=int, default=4)
+    parser.add_argument("--epoch-batches", type=int, default=2, help="batches per (short) epoch")
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
     train_loader = DataLoader(
-        BlobSegmentation(8 * args.steps, args.seed), batch_size=8, shuffle=True, num_workers=args.workers,
-        worker_init_fn=seed_worker, persistent_workers=args.workers > 0, drop_last=True,
+        BlobSegmentation(8 * args.epoch_batches, args.seed), batch_size=8, shuffle=True, num_workers=args.workers,
+        worker_init_fn=seed_worker, drop_last=True,
         generator=torch.Generator().manual_seed(args.seed),
     )
     val_loader = DataLoader(BlobSegmentation(16, args.seed + 7), batch_size=8)
@@ -109,16 +111,19 @@ def main() -> None:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda it: (1 - it / args.steps) ** 0.9)
 
     model.train()
-    for step, (images, masks) in enumerate(train_loader):
-        loss = F.cross_entropy(model(images), masks)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        scheduler.step()
-        if (step + 1) % args.eval_every == 0:
-            print(f"step {step} loss {loss.item():.4f} mIoU {mean_iou(model, val_loader):.3f}", flush=True)
-        if step + 1 >= args.steps:
-            break
+    step = 0
+    while step < args.steps:
+        for images, masks in train_loader:  # each epoch starts its workers afresh
+            loss = F.cross_entropy(model(images), masks)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+            step += 1
+            if step % args.eval_every == 0:
+                print(f"step {step} loss {loss.item():.4f} mIoU {mean_iou(model, val_loader):.3f}", flush=True)
+            if step >= args.steps:
+                break
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ a candidate ships only with evidence that it is a law of training code, not a ha
   different styles (`STYLES`: three copies of one loop are one piece of evidence);
 * **examples**: at least ``MIN_POSITIVES`` positive examples over all references
   (``MIN_POSITIVES_WORKER_STARTS`` for rules about DataLoader workers starting, which
-  happens once an epoch);
+  happens once an epoch, and ``MIN_POSITIVES_FIRST_FORWARDS`` for rules about a module's
+  first forward, once per module);
 * **constants** (an output dtype, an argument value of an inner call): every pipeline
   whose own inference pins the same thing under the same precondition pins the same
   value; output dtypes only under an active autocast; argument values only for the
@@ -43,6 +44,9 @@ MIN_POSITIVES = 30
 #: every reference.  Their evidence is the number of pipelines and styles, which stays.
 MIN_POSITIVES_WORKER_STARTS = 6
 WORKER_INIT = "torch.utils.data.worker_init"
+#: A module's first forward happens once per module and process: the same holds for
+#: rules about first forwards.
+MIN_POSITIVES_FIRST_FORWARDS = 6
 
 #: reference id -> style: how its training loop is written (model family, launch, data
 #: path).  Pipelines of one style share habits; support must span several styles.  A
@@ -86,6 +90,8 @@ def positives(invariant: Mapping[str, Any]) -> int:
 def min_positives(invariant: Mapping[str, Any]) -> int:
     if invariant["relation"] == "APIArg" and invariant["params"].get("api") == WORKER_INIT:
         return MIN_POSITIVES_WORKER_STARTS
+    if invariant["params"].get("first_forward") is True:
+        return MIN_POSITIVES_FIRST_FORWARDS
     return MIN_POSITIVES
 
 
