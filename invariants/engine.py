@@ -26,7 +26,7 @@ from .model import Violation
 from .precondition import needs_records
 from .relations import ALL_RANKS_REPORT
 from .relations.base import WindowView
-from .relations.consistent import replication_baseline, tie_baseline
+from .relations.consistent import FIRST_ITERATION_STEP, merge_baselines, replication_baseline, tie_baseline
 from .relations.stable_variables import variable_counts
 from .window import LISTED_RANKS, FactPlan, WindowState
 
@@ -121,7 +121,8 @@ class Engine:
         """Violations of one closed window.
 
         Reads only the window, except for run-level facts learned at step 0: which
-        variables are rank-local (`replication_baseline`) and how many variables each
+        variables are rank-local (`replication_baseline`, completed at the first
+        iteration, step 1, where shards first part) and how many variables each
         snapshot point tracks (`variable_counts`).  Windows that close before
         step 0 does (only possible when streaming out of order) judge every variable.
         """
@@ -129,6 +130,8 @@ class Engine:
             run_state.rank_local = replication_baseline(window)
             run_state.variable_counts = variable_counts(window)
             run_state.ties = tie_baseline(window)
+        elif window.step == FIRST_ITERATION_STEP:
+            run_state.rank_local = merge_baselines(run_state.rank_local, replication_baseline(window))
         view = WindowView(window, run_state.rank_local, run_state.variable_counts, run_state.ties)
         found: dict[str, Violation] = {}
         counts: dict[str, int] = {}

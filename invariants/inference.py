@@ -30,7 +30,7 @@ from .model import Invariant
 from .precondition import SignatureCache, infer_precondition
 from .relations import TEMPLATES
 from .relations.base import Template, WindowView
-from .relations.consistent import replication_baseline, tie_baseline
+from .relations.consistent import FIRST_ITERATION_STEP, merge_baselines, replication_baseline, tie_baseline
 from .relations.identity import keyed_on_user_class
 from .relations.stable_variables import variable_counts
 from .window import FactPlan, WindowState
@@ -85,6 +85,8 @@ class Inferencer:
             self.rank_local[window.run] = replication_baseline(window)
             self.variable_counts[window.run] = variable_counts(window)
             self.ties[window.run] = tie_baseline(window)
+        elif window.step == FIRST_ITERATION_STEP:
+            self.rank_local[window.run] = merge_baselines(self.rank_local.get(window.run), replication_baseline(window))
         view = WindowView(window, self.rank_local.get(window.run), self.variable_counts.get(window.run),
                           self.ties.get(window.run))
         for template in self.templates:

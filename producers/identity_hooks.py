@@ -6,13 +6,14 @@
 * Every optimizer at construction, so that the first iteration of a program that
   clears gradients through ``Module.zero_grad`` already knows an optimizer step is
   coming (gradient accumulation is then not mistaken for iterations).
-* In-place writes on a parameter outside an optimizer step (``normal_``, ``zero_``,
-  ``copy_``...; how many model libraries initialise and load weights): recorded as
+* In-place writes that initialise a parameter outside an optimizer step (``normal_``,
+  ``zero_``, ``fill_``...; how many model libraries initialise weights): recorded as
   ``torch.Tensor.param_overwrite`` calls, which mean "this parameter was
-  (re)initialised or overwritten", like ``torch.nn.init.*``.  Optimizers write their
-  parameters in place too; inside their step nothing is recorded.  An initialising
-  write (every method but ``copy_``, which synchronises: target networks, EMA copies,
-  checkpoint loading) says whether its target holds learned values (``learned``).
+  (re)initialised", like ``torch.nn.init.*``, and say whether the target held learned
+  values (``learned``).  Optimizers write their parameters in place too; inside their
+  step nothing is recorded.  ``copy_`` is not an initialiser: it synchronises (loading
+  a state dict, a target network's soft update, an EMA swap before evaluation), which
+  healthy programs do at any stage, so it is not recorded.
 * Every ``Module.load_state_dict``: the parameters it filled from the state dict hold
   learned values from then on, so an initialiser that runs after the load (a model's
   own ``init_weights`` called once too often) is known to destroy them.
@@ -33,11 +34,9 @@ if TYPE_CHECKING:
 
 #: in-place methods that replace a tensor's values wholesale
 OVERWRITING_METHODS = (
-    "normal_", "uniform_", "zero_", "fill_", "copy_", "random_", "bernoulli_",
+    "normal_", "uniform_", "zero_", "fill_", "random_", "bernoulli_",
     "exponential_", "log_normal_", "cauchy_", "geometric_",
 )
-#: overwriting methods that copy values from elsewhere rather than initialise
-SYNCING_METHODS = frozenset({"copy_"})
 
 
 class _RegistrationHandle:
@@ -140,7 +139,6 @@ def _overwrite(
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     name = f"torch.Tensor.{method}"
     clears_gradients = method == "zero_"
-    initialises = method not in SYNCING_METHODS
 
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         def overwrite(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
@@ -152,9 +150,7 @@ def _overwrite(
             if param is None or not record_writes or not tracer.enter_group("init"):  # nn.init.* records itself
                 return original(self, *args, **kwargs)
             try:
-                extra = {"trained": tracer.ownership.is_trained(param)}
-                if initialises:
-                    extra["learned"] = tracer.ownership.holds_learned(param)
+                extra = {"trained": tracer.ownership.is_trained(param), "learned": tracer.ownership.holds_learned(param)}
                 token = tracer.begin_call(PARAM_OVERWRITE, name, {"tensor": param}, extra=extra)
                 try:
                     result = original(self, *args, **kwargs)

@@ -307,6 +307,16 @@ def test_rank_local_variables_are_not_judged_as_replicas():
     assert all(v.evidence["first"]["variable"] != "module.fc2.bias" for v in violations)
 
 
+def test_shards_built_from_one_seed_part_at_the_first_iteration_and_stay_unjudged():
+    """Step 0 is the setup window: experts initialised from one seed on every rank
+    agree there and part at their first update (step 1); they are still shards."""
+    inv = find("Consistent", scope="ranks", at="post:torch.optim.Optimizer.step", attr="data_digest")
+    expert = _rank_local(list(SyntheticRun(run="moe", world=2, steps=5).batches()), {"module.fc2.bias"}, from_step=1)
+    assert check([inv], expert) == []
+    late = _rank_local(list(SyntheticRun(run="moe", world=2, steps=5).batches()), {"module.fc2.bias"}, from_step=2)
+    assert [v.step for v in check([inv], late)] == [2, 3, 4]  # parting later is drift
+
+
 def test_replicas_never_synchronised_are_reported_from_step_zero():
     inv = find("Consistent", scope="ranks", at="post:torch.optim.Optimizer.step", attr="data_digest")
     unsynced = _rank_local(list(SyntheticRun(run="nosync", world=2, steps=3).batches()), None)

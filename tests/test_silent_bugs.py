@@ -119,7 +119,12 @@ def test_curation_rules_keep_behaviour_and_drop_artefacts():
     assert is_collective_habit(broadcast)
     assert not is_collective_habit({**broadcast, "params": {**broadcast["params"], "stage": "eval"}})
 
-    from shipping_rules import is_data_agreement
+    from shipping_rules import is_data_agreement, is_setup_habit
+
+    assert is_setup_habit({"relation": "APIAbsent", "params": {"api": "torch.nn.Module.forward", "stage": "init",
+                                                               "after_step": -1}})
+    assert not is_setup_habit({"relation": "APIAbsent", "params": {"api": "torch.optim.Optimizer.step",
+                                                                   "stage": "eval", "after_step": -1}})
 
     same_input = {"relation": "APIArg", "params": {"api": "torch.nn.Module.forward", "arg": "0", "form": "ranks"}}
     assert is_data_agreement(same_input)

@@ -16,6 +16,7 @@ a candidate ships only with evidence that it is a law of training code, not a ha
   whose own inference pins the same thing under the same precondition pins the same
   value; output dtypes only under an active autocast; argument values only for the
   ``training`` flag (``p = 0.5``, ``inplace = False`` are configuration);
+* **setup is free**: no "X is never called during setup";
 * **data is not a law**: a module input agreeing across data-parallel ranks is refused
   (each rank pads its own batch);
 * **validation**: it stays silent on a validation run of every reference and on the
@@ -141,6 +142,13 @@ def is_collective_habit(invariant: Mapping[str, Any]) -> bool:
             and api != "torch.distributed.init_process_group" and params.get("stage") == "train")
 
 
+def is_setup_habit(invariant: Mapping[str, Any]) -> bool:
+    """"X is never called in stage 'init'": the setup window is where a program may do
+    anything (a dry-run forward for shapes, a warm-up, a model summary); what the
+    references happened not to do there is no law."""
+    return invariant["relation"] == "APIAbsent" and invariant["params"].get("stage") == "init"
+
+
 def is_data_agreement(invariant: Mapping[str, Any]) -> bool:
     """"A module's input is the same on every rank": the input is data, and data-parallel
     ranks see different batches (dynamic padding to each batch's longest sequence, an
@@ -213,6 +221,8 @@ def evidence_reasons(invariant: Mapping[str, Any], support: Mapping[str, set[str
         reasons.append("seeding outside training: reproducibility practice, not a bug")
     if is_collective_habit(invariant):
         reasons.append("a collective's absence from training: the framework's habit, not a law")
+    if is_setup_habit(invariant):
+        reasons.append("an API's absence from setup: setup may do anything")
     if is_data_agreement(invariant):
         reasons.append("a module input agreeing across ranks: data-parallel ranks see different data")
     family = constant_family(invariant)

@@ -63,6 +63,19 @@ def _call_order(call_key: str) -> tuple[int, int]:
         return (0, 0)
 
 
+#: step 0 is the setup window (no update yet), step 1 the first training iteration
+FIRST_ITERATION_STEP = 1
+
+
+def merge_baselines(earlier: dict[str, list[str]] | None, later: dict[str, list[str]]) -> dict[str, list[str]]:
+    """Rank-local variables of the setup window and of the first iteration together: a
+    shard built from one seed on every rank parts only at its first update."""
+    merged = {attr: set(names) for attr, names in (earlier or {}).items()}
+    for attr, names in later.items():
+        merged.setdefault(attr, set()).update(names)
+    return {attr: sorted(names) for attr, names in merged.items()}
+
+
 def replication_baseline(window: Any) -> dict[str, list[str]]:
     """Variables that differ across ranks somewhere in step 0, when others never do.
 
