@@ -91,13 +91,31 @@ class ParameterRegistry:
         return id(module) in self._root_ids
 
     def add_optimizer(self, optimizer: torch.optim.Optimizer) -> int:
+        """The optimizer's stable index.  A wrapper that shares another optimizer's
+        ``param_groups`` list (Lightning's ``LightningOptimizer``, Accelerate's
+        ``AcceleratedOptimizer``) is that optimizer: its ``zero_grad`` clears exactly
+        what the inner one steps, so both get one index."""
         index = self._optimizer_ids.get(id(optimizer))
         if index is None:
+            index = self._wrapped_index(optimizer)
+            if index is not None:
+                self._optimizer_ids[id(optimizer)] = index
+                return index
             index = len(self._optimizers)
             self._optimizer_ids[id(optimizer)] = index
             self._optimizers.append(weakref.ref(optimizer))
             self._index_optimizer(optimizer, index)
         return index
+
+    def _wrapped_index(self, optimizer: torch.optim.Optimizer) -> int | None:
+        groups = getattr(optimizer, "param_groups", None)
+        if groups is None:
+            return None
+        for index, ref in enumerate(self._optimizers):
+            other = ref()
+            if other is not None and getattr(other, "param_groups", None) is groups:
+                return index
+        return None
 
     def refresh(self) -> None:
         """Re-read names (modules may have been swapped since); called once per step."""

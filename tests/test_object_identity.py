@@ -283,3 +283,42 @@ def test_mode_switches_and_a_clear_before_the_forward_are_habits_not_rules():
     assert (OPT_ZERO, BACKWARD) in pairs and (BACKWARD, STEP) in pairs
     assert not {p for p in pairs if p[0] == "torch.nn.Module.train"}
     assert (OPT_ZERO, "torch.nn.Module.forward") not in pairs
+
+
+def test_an_optimizer_wrapper_sharing_param_groups_is_the_same_optimizer(tmp_path):
+    """Lightning's and Accelerate's optimizer wrappers share the inner optimizer's
+    ``param_groups``: a ``zero_grad`` through the wrapper clears the optimizer that steps."""
+    import producers
+    from producers.report import read_trace_dir
+
+    class Wrapper(torch.optim.Optimizer):
+        def __init__(self, inner):  # no super().__init__: wrappers delegate, as the real ones do
+            self.inner = inner
+            self.defaults = inner.defaults
+
+        @property
+        def param_groups(self):
+            return self.inner.param_groups
+
+        @property
+        def state(self):
+            return self.inner.state
+
+        def zero_grad(self, set_to_none=True):
+            self.inner.zero_grad(set_to_none)
+
+        def step(self, closure=None):
+            return self.inner.step(closure)
+
+    with producers.instrument(run_id="wrapped", trace_dir=tmp_path):
+        model = torch.nn.Linear(3, 1)
+        inner = torch.optim.SGD(model.parameters(), lr=0.1)
+        wrapped = Wrapper(inner)
+        for _ in range(3):
+            wrapped.zero_grad()
+            model(torch.randn(4, 3)).sum().backward()
+            inner.step()
+    (batches,) = read_trace_dir(tmp_path).values()
+    objs = {(e["api"].rsplit(".", 1)[1], e.get("obj")) for b in batches for e in b["events"]
+            if e["kind"] == "call" and e["phase"] == "pre" and e["api"].startswith("torch.optim.Optimizer")}
+    assert objs == {("zero_grad", "opt0"), ("step", "opt0")}
