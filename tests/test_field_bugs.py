@@ -29,6 +29,8 @@ EXPECTED_RELATION = {
     "clip_before_backward": "APISequence",
     "clip_after_step": "APISequence",
     "validation_backward_leaks_grads": "APIAbsent",
+    "functional_dropout_in_eval": "TrainingFlag",
+    "eval_without_eval_mode": "TrainingFlag",
 }
 
 

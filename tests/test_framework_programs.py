@@ -27,9 +27,7 @@ from frameworks_bench import bench  # noqa: E402
 from programs import BY_ID, PROGRAMS  # noqa: E402
 
 NOT_YET = {
-    "hf_trainer_eval_dropout": "F.dropout's default training=True is recorded as None",
     "hf_trainer_frozen_updated": "no rule relates a frozen parameter that starts to change",
-    "accelerate_eval_dropout": "without model.eval() the no_grad evaluation stays stage 'train'",
 }
 
 
