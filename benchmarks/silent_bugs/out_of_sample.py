@@ -93,7 +93,7 @@ def fold_set(work: Path, left_out: set[str]) -> Path:
     output = fold / "set.json"
     if output.exists():
         return output
-    fold.mkdir(parents=True, exist_ok=True)
+    (fold / "curation").mkdir(parents=True, exist_ok=True)
     (fold / "left_out.json").write_text(json.dumps(sorted(left_out)) + "\n", encoding="utf-8")
     kept_refs = [ref for ref in REFERENCES if ref.id not in left_out]
     inference = {ref.id: _reference_run(work, "inference", ref) for ref in kept_refs}
