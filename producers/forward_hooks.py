@@ -18,7 +18,7 @@ import torch
 
 from .module_facts import first_forward_context
 from .selection import MODULE_FORWARD
-from .stages import real_model
+from .stages import real_model, stage_of
 from .summaries import summarize
 
 
@@ -46,7 +46,7 @@ class ForwardHooks:
                 if self.registry.is_model_root(module):
                     model = real_model(module)
                     self._root_ref = weakref.ref(model)
-                    self._set_auto_stage("train" if model.training else "eval")
+                    self._set_auto_stage(stage_of(model, self.registry.roots()))
                     if model.training and torch.is_grad_enabled():
                         self.root_forward_signal()
             if not self._record_forward:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from .grad_clears import grad_property, hand_clear_allowed
+from .ownership import deliberate_reset
 from .patching import patch_attribute, patch_property
 from .selection import PARAM_OVERWRITE
 
@@ -150,7 +151,8 @@ def _overwrite(
             if param is None or not record_writes or not tracer.enter_group("init"):  # nn.init.* records itself
                 return original(self, *args, **kwargs)
             try:
-                extra = {"trained": tracer.ownership.is_trained(param), "learned": tracer.ownership.holds_learned(param)}
+                learned = tracer.ownership.holds_learned(param) and not deliberate_reset()
+                extra = {"trained": tracer.ownership.is_trained(param), "learned": learned}
                 token = tracer.begin_call(PARAM_OVERWRITE, name, {"tensor": param}, extra=extra)
                 try:
                     result = original(self, *args, **kwargs)

@@ -16,6 +16,7 @@ found by the address of their first element.
 
 from __future__ import annotations
 
+import sys
 import weakref
 from typing import Callable, Iterable
 
@@ -129,3 +130,21 @@ def _mark(marks: dict[int, weakref.ref[torch.Tensor]], params: Iterable[torch.Te
 def _marked(marks: dict[int, weakref.ref[torch.Tensor]], param: torch.Tensor) -> bool:
     ref = marks.get(id(param))
     return ref is not None and ref() is param
+
+
+#: how far up the stack a module's own ``reset_parameters`` may call an initialiser
+_RESET_DEPTH = 6
+
+
+def deliberate_reset() -> bool:
+    """An initialiser called from a module's ``reset_parameters()``: the documented way to
+    re-initialise a module on purpose (a new task head over a loaded checkpoint), unlike a
+    model's ``init_weights`` walking every module again.  Its target counts as new."""
+    frame = sys._getframe(2)
+    for _ in range(_RESET_DEPTH):
+        if frame is None:
+            return False
+        if frame.f_code.co_name == "reset_parameters":
+            return True
+        frame = frame.f_back
+    return False

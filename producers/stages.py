@@ -52,3 +52,20 @@ def holds_model(module: torch.nn.Module, roots: list[torch.nn.Module]) -> bool:
         if any(child is root for root in roots):
             return True
     return False
+
+
+def stage_of(model: torch.nn.Module, roots: list[torch.nn.Module]) -> str:
+    """The stage a model's mode implies, given the other models of the process.
+
+    A model in eval mode means evaluation only if no other model is training: a frozen
+    teacher run by a distillation loop, or a generator switched to eval to draw samples
+    while its discriminator trains, is used *by* training.  A model that is training is
+    one whose mode is ``train`` and that has parameters taking gradients."""
+    model = real_model(model)
+    if model.training:
+        return "train"
+    for root in roots:
+        other = real_model(root)
+        if other is not model and other.training and any(p.requires_grad for p in other.parameters()):
+            return "train"
+    return "eval"

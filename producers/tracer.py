@@ -33,7 +33,8 @@ from .params import PARAMETER_VTYPE, SnapshotMemo, ParameterRegistry, snapshot_a
 from .recorder import StepRecorder
 from .ownership import ParameterOwnership
 from .selection import MODULE_FORWARD, MODULE_ZERO_GRAD, OPTIMIZER_STEP, OPTIMIZER_ZERO_GRAD, WORKER_INIT, Selection
-from .stages import holds_model, real_model
+from .ownership import deliberate_reset
+from .stages import holds_model, real_model, stage_of
 from .forward_hooks import ForwardHooks
 from .stepping import StepBoundaries
 from .summaries import summarize
@@ -209,7 +210,7 @@ class Tracer(StepBoundaries, ForwardHooks):
         if self.stage == "init" or not isinstance(module, torch.nn.Module):
             return  # setup keeps its stage until the first forward
         if holds_model(module, self.registry.roots()):
-            self._set_auto_stage("train" if real_model(module).training else "eval")
+            self._set_auto_stage(stage_of(module, self.registry.roots()))
 
     def init_target_facts(self, tensor: Any) -> dict[str, bool]:
         """What an initialiser is about to destroy: ``trained``, its target was updated by
@@ -218,7 +219,8 @@ class Tracer(StepBoundaries, ForwardHooks):
         param = self.ownership.parameter_of(tensor) if isinstance(tensor, torch.Tensor) else None
         if param is None:
             return {"trained": False, "learned": False}
-        return {"trained": self.ownership.is_trained(param), "learned": self.ownership.holds_learned(param)}
+        learned = self.ownership.holds_learned(param) and not deliberate_reset()
+        return {"trained": self.ownership.is_trained(param), "learned": learned}
 
     def module_call_extra(self, module: torch.nn.Module, api: str) -> dict[str, Any]:
         """Fields of a call on a module: its type, flag and, for a model, which one."""

@@ -276,3 +276,44 @@ def test_a_meta_device_model_materialised_by_loading_holds_no_learned_values(tmp
         head.weight.data.normal_()
     writes = [(e["name"], e.get("learned")) for _, e in _calls(_batches(tmp_path), "torch.Tensor.param_overwrite")]
     assert writes == [("torch.Tensor.normal_", False)]
+
+
+def test_a_deliberate_reset_parameters_of_a_loaded_head_initialises_a_new_head(tmp_path):
+    """``head.reset_parameters()`` after loading a checkpoint is the documented way to
+    start a new task head; a model's own init walk over loaded weights is not."""
+    with producers.instrument(run_id="reset", trace_dir=tmp_path):
+        model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
+        model.load_state_dict({k: v.clone() for k, v in model.state_dict().items()})
+        model[1].reset_parameters()  # a new head, by intent
+        model[0].weight.data.normal_(0, 0.02)  # init_weights() run after the load
+    batches = _batches(tmp_path)
+    inits = [(e["name"], e["learned"]) for _, e in _calls(batches, "torch.nn.init.kaiming_uniform_")]
+    assert inits and not any(learned for _, learned in inits)
+    writes = [e["learned"] for _, e in _calls(batches, "torch.Tensor.param_overwrite")]
+    assert writes == [True]
+
+
+def test_a_frozen_teacher_in_eval_mode_does_not_make_distillation_an_evaluation(tmp_path):
+    with producers.instrument(run_id="distil", trace_dir=tmp_path):
+        teacher, student = nn.Linear(3, 2), nn.Linear(3, 2)
+        teacher.requires_grad_(False)
+        optimizer = torch.optim.SGD(student.parameters(), lr=0.1)
+        student.train()
+        for _ in range(3):
+            teacher.eval()
+            optimizer.zero_grad()
+            x = torch.randn(4, 3)
+            with torch.no_grad():
+                target = teacher(x).softmax(-1)
+            loss = -(target * student(x).log_softmax(-1)).sum(-1).mean()
+            loss.backward()
+            optimizer.step()
+        student.eval()
+        with torch.no_grad():
+            student(torch.randn(4, 3))
+    batches = _batches(tmp_path)
+    stages = {(e["api"].rsplit(".", 1)[1], e["stage"]) for b in batches if b["step"] > 0 for e in b["events"]
+              if e["kind"] == "call" and e["phase"] == "pre" and e["api"].startswith("torch.optim")}
+    assert ("step", "train") in stages and not {stage for _, stage in stages} & {"eval"}
+    forwards = [e["stage"] for _, e in _calls(batches, "torch.nn.Module.forward")]
+    assert forwards[-1] == "eval"  # the student's own evaluation is one

@@ -17,8 +17,8 @@ the build's own steps (``build_default_set``: infer, evidence rules, validation)
   of the class and its healthy twin.
 
 It reads a work directory where ``run.py`` ran (reference traces, held-out runs, bug
-runs, per-pipeline inferences) and collects nothing: each fold costs one ``infer``
-and one ``check`` per validation run, seconds each.
+runs, per-pipeline inferences) and collects nothing: traces are decoded once, and each
+(validation run, invariant) pair is checked once over all folds.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import argparse
 import hashlib
 import json
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -35,11 +36,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import build_default_set  # noqa: E402
-from harness import REPO, CollectResult, check, infer  # noqa: E402
+from harness import REPO, check  # noqa: E402
+from invariants.engine import Engine, StepWindows  # noqa: E402
+from invariants.inference import Inferencer  # noqa: E402
+from invariants.invariant_file import dumps, load_set  # noqa: E402
+from invariants.wire import wire_types  # noqa: E402
+from trainwatch.tracedir import read_trace_dir  # noqa: E402
 from references import REFERENCES, Reference  # noqa: E402
 from registry import ALL_BUGS, BugCase, onset_step  # noqa: E402
 from scoring import score  # noqa: E402
-from shipping_rules import shape, style_of  # noqa: E402
+from shipping_rules import evidence_reasons, pinned_values, shape, style_of  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "RESULTS.md"
 BEGIN, END = "<!-- out-of-sample:begin -->", "<!-- out-of-sample:end -->"
@@ -86,32 +92,78 @@ class BugOutcome:
     twin_clean_out_of_sample: bool
 
 
-def fold_set(work: Path, left_out: set[str]) -> Path:
-    """The default set rebuilt without the references ``left_out`` (cached by content)."""
-    key = hashlib.sha256(json.dumps(sorted(left_out)).encode()).hexdigest()[:12]
-    fold = work / "out-of-sample" / key
-    output = fold / "set.json"
-    if output.exists():
+class FoldBuilder:
+    """Rebuilds the default set from a subset of the references, in this process.
+
+    Each fold repeats the build's steps (inference, evidence rules, validation) on the
+    traces the full build collected.  Traces are decoded once and kept; whether an
+    invariant fires on a validation run depends only on the two, so each (run,
+    invariant) pair is checked once over all folds — most candidates of a fold are the
+    full build's own."""
+
+    def __init__(self, work: Path) -> None:
+        self.work = work
+        self._batches: dict[Path, list] = {}
+        self._fired: dict[str, dict[str, bool]] = {}  # validation run -> invariant id -> fired
+        self._lock = threading.Lock()
+        self._synthetic = {name: result.trace_dir
+                           for name, result in build_default_set.write_synthetic_healthy(work).items()}
+
+    def batches(self, trace_dir: Path) -> list:
+        with self._lock:
+            if trace_dir not in self._batches:
+                self._batches[trace_dir] = list(read_trace_dir(trace_dir, decode=wire_types(None).decode))
+            return self._batches[trace_dir]
+
+    def fold_set(self, left_out: set[str]) -> Path:
+        """The default set rebuilt without the references ``left_out`` (cached by content)."""
+        key = hashlib.sha256(json.dumps(sorted(left_out)).encode()).hexdigest()[:12]
+        fold = self.work / "out-of-sample" / key
+        output = fold / "set.json"
+        if output.exists():
+            return output
+        fold.mkdir(parents=True, exist_ok=True)
+        (fold / "left_out.json").write_text(json.dumps(sorted(left_out)) + "\n", encoding="utf-8")
+        kept_refs = [ref for ref in REFERENCES if ref.id not in left_out]
+        inferencer = Inferencer()
+        for ref in kept_refs:
+            inferencer.add_trace(iter(self.batches(_reference_dir(self.work, "inference", ref))))
+        candidates = json.loads(dumps(inferencer.finish()))["invariants"]
+        support, per_pipeline = _support(self.work, kept_refs)
+        pins = pinned_values(per_pipeline)
+        styles = {ref.id: style_of(ref) for ref in REFERENCES}
+        broad = [inv for inv in candidates if not evidence_reasons(inv, support, pins, styles)]
+        runs = {ref.id: _reference_dir(self.work, "validation", ref) for ref in kept_refs}
+        runs.update(self._synthetic)
+        fired = set()
+        for name, trace_dir in sorted(runs.items()):
+            fired |= self._fired_on(name, trace_dir, broad)
+        build_default_set.write_set([inv for inv in broad if inv["id"] not in fired], output)
         return output
-    (fold / "curation").mkdir(parents=True, exist_ok=True)
-    (fold / "left_out.json").write_text(json.dumps(sorted(left_out)) + "\n", encoding="utf-8")
-    kept_refs = [ref for ref in REFERENCES if ref.id not in left_out]
-    inference = {ref.id: _reference_run(work, "inference", ref) for ref in kept_refs}
-    validation = {ref.id: _reference_run(work, "validation", ref) for ref in kept_refs}
-    validation.update(build_default_set.write_synthetic_healthy(fold))
-    candidates = fold / "candidates.json"
-    infer([inference[ref.id].trace_dir for ref in kept_refs], candidates)
-    support, per_pipeline = _support(work, kept_refs)
-    curation = build_default_set.curate(candidates, validation, fold, support, per_pipeline)
-    build_default_set.write_set(curation.kept, output)
-    return output
+
+    def _fired_on(self, run: str, trace_dir: Path, invariants: list[dict]) -> set[str]:
+        with self._lock:
+            known = dict(self._fired.setdefault(run, {}))
+        unknown = [inv for inv in invariants if inv["id"] not in known]
+        if unknown:
+            invariant_set = load_set({"format": "trainwatch-invariants", "version": 1, "invariants": unknown}, run)
+            windows = StepWindows.replay(Engine(invariant_set))
+            violated: set[str] = set()
+            for batch in self.batches(trace_dir):
+                violated.update(v.invariant for v in windows.feed(batch))
+            violated.update(v.invariant for v in windows.finish())
+            verdicts = {inv["id"]: inv["id"] in violated for inv in unknown}
+            with self._lock:
+                self._fired[run].update(verdicts)
+            known.update(verdicts)
+        return {inv["id"] for inv in invariants if known[inv["id"]]}
 
 
-def _reference_run(work: Path, phase: str, ref: Reference) -> CollectResult:
+def _reference_dir(work: Path, phase: str, ref: Reference) -> Path:
     trace_dir = work / "references" / phase / ref.id
     if not any(trace_dir.glob("*.twtrace")):
         raise RuntimeError(f"no {phase} trace of {ref.id} in {trace_dir}: run run.py with this --work first")
-    return CollectResult(trace_dir, 0, 0.0, "reused")
+    return trace_dir
 
 
 def _support(work: Path, refs: list[Reference]) -> tuple[dict[str, set[str]], dict[str, list]]:
@@ -128,15 +180,18 @@ def _support(work: Path, refs: list[Reference]) -> tuple[dict[str, set[str]], di
 
 def _violations(trace_dir: Path, report: Path, invariants: Path | None) -> list[dict]:
     outcome = check(trace_dir, report, invariants)
-    if outcome.exit_code not in (0, 1):
+    # exit 2 with a report: a run that never trains, its setup window checked
+    if outcome.exit_code not in (0, 1) and not (outcome.exit_code == 2 and outcome.report.get("summary")):
         raise RuntimeError(f"check of {trace_dir} failed ({outcome.exit_code}): {outcome.error}")
     return outcome.violations
 
 
-def leave_one_pipeline_out(work: Path, full_set: Path | None, jobs: int) -> list[PipelineOutcome]:
+def leave_one_pipeline_out(builder: FoldBuilder, full_set: Path | None, jobs: int) -> list[PipelineOutcome]:
+    work = builder.work
+
     def one(ref: Reference) -> PipelineOutcome:
         held_out = work / "references" / "held-out" / ref.id
-        fold = fold_set(work, {ref.id})
+        fold = builder.fold_set({ref.id})
         reports = work / "out-of-sample" / "reports"
         reports.mkdir(parents=True, exist_ok=True)
         inside = _violations(held_out, reports / f"{ref.id}.in.json", full_set)
@@ -148,7 +203,8 @@ def leave_one_pipeline_out(work: Path, full_set: Path | None, jobs: int) -> list
         return list(pool.map(one, REFERENCES))
 
 
-def leave_one_bug_class_out(work: Path, full_set: Path | None, jobs: int) -> list[BugOutcome]:
+def leave_one_bug_class_out(builder: FoldBuilder, full_set: Path | None, jobs: int) -> list[BugOutcome]:
+    work = builder.work
     classes: dict[str, list[BugCase]] = {}
     for case in ALL_BUGS:
         classes.setdefault(case.cause_class or case.id, []).append(case)
@@ -157,7 +213,7 @@ def leave_one_bug_class_out(work: Path, full_set: Path | None, jobs: int) -> lis
         cause, cases = item
         styles = sorted({program_style(case) for case in cases})
         left_out = {ref.id for ref in REFERENCES if style_of(ref) in styles}
-        fold = fold_set(work, left_out) if left_out else full_set
+        fold = builder.fold_set(left_out) if left_out else full_set
         outcomes = []
         for case in cases:
             runs = work / "bugs" / case.id
@@ -224,8 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write-results", action="store_true", help="write the section into RESULTS.md")
     args = parser.parse_args(argv)
     started = time.monotonic()
-    pipelines = leave_one_pipeline_out(args.work, args.set, args.jobs)
-    bugs = leave_one_bug_class_out(args.work, args.set, args.jobs)
+    builder = FoldBuilder(args.work)
+    pipelines = leave_one_pipeline_out(builder, args.set, args.jobs)
+    bugs = leave_one_bug_class_out(builder, args.set, args.jobs)
     (args.work / "out-of-sample" / "results.json").write_text(
         json.dumps({"pipelines": [asdict(p) for p in pipelines], "bugs": [asdict(b) for b in bugs]}, indent=1) + "\n",
         encoding="utf-8")
