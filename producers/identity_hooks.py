@@ -151,8 +151,9 @@ def _overwrite(
             if param is None or not record_writes or not tracer.enter_group("init"):  # nn.init.* records itself
                 return original(self, *args, **kwargs)
             try:
-                learned = tracer.ownership.holds_learned(param) and not deliberate_reset()
-                extra = {"trained": tracer.ownership.is_trained(param), "learned": learned}
+                trained = tracer.ownership.is_trained(param)
+                learned = trained or (tracer.ownership.holds_learned(param) and not deliberate_reset())
+                extra = {"trained": trained, "learned": learned}
                 token = tracer.begin_call(PARAM_OVERWRITE, name, {"tensor": param}, extra=extra)
                 try:
                     result = original(self, *args, **kwargs)

@@ -139,7 +139,8 @@ _RESET_DEPTH = 6
 def deliberate_reset() -> bool:
     """An initialiser called from a module's ``reset_parameters()``: the documented way to
     re-initialise a module on purpose (a new task head over a loaded checkpoint), unlike a
-    model's ``init_weights`` walking every module again.  Its target counts as new."""
+    model's ``init_weights`` walking every module again.  A loaded target counts as new;
+    one trained in this run still holds what training learned."""
     frame = sys._getframe(2)
     for _ in range(_RESET_DEPTH):
         if frame is None:

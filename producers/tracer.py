@@ -219,8 +219,9 @@ class Tracer(StepBoundaries, ForwardHooks):
         param = self.ownership.parameter_of(tensor) if isinstance(tensor, torch.Tensor) else None
         if param is None:
             return {"trained": False, "learned": False}
-        learned = self.ownership.holds_learned(param) and not deliberate_reset()
-        return {"trained": self.ownership.is_trained(param), "learned": learned}
+        trained = self.ownership.is_trained(param)
+        learned = trained or (self.ownership.holds_learned(param) and not deliberate_reset())
+        return {"trained": trained, "learned": learned}
 
     def module_call_extra(self, module: torch.nn.Module, api: str) -> dict[str, Any]:
         """Fields of a call on a module: its type, flag and, for a model, which one."""
