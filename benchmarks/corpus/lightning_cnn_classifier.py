@@ -95,6 +95,7 @@ def main():
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--val-every", type=int, default=4, help="validate every N training batches")
+    parser.add_argument("--devices", type=int, default=1, help="CPU processes (2: DDP, launched by Lightning)")
     args = parser.parse_args()
 
     seed_everything(args.seed, workers=True, verbose=False)
@@ -103,7 +104,8 @@ def main():
     trainer = Trainer(
         max_steps=args.steps,
         accelerator="cpu",
-        devices=1,
+        devices=args.devices,
+        strategy="ddp" if args.devices > 1 else "auto",
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,

@@ -147,6 +147,10 @@ CORPUS: tuple[Reference, ...] = (
               style="distillation", modelled_on="pytorch/tutorials knowledge_distillation_tutorial"),
     Reference("compiled_mlp_lm", "benchmarks/corpus/compiled_mlp_lm.py", style="torch-compile",
               modelled_on="karpathy/nanoGPT train.py compile path + makemore MLP"),
+    Reference("hf_trainer_bert_cls_ddp", "benchmarks/corpus/hf_trainer_bert_cls.py", TORCHRUN_2, style="hf-trainer",
+              modelled_on="run_glue.py launched with torchrun (Trainer's own DDP)"),
+    Reference("lightning_cnn_classifier_ddp", "benchmarks/corpus/lightning_cnn_classifier.py", extra=("--devices", "2"),
+              style="lightning", modelled_on="Lightning cifar10-baseline with devices=2, strategy='ddp'"),
     Reference("bilstm_crf_tagger", "benchmarks/corpus/bilstm_crf_tagger.py", style="rnn",
               modelled_on="PyTorch tutorial Bi-LSTM CRF"),
 )
