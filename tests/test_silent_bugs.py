@@ -119,7 +119,14 @@ def test_curation_rules_keep_behaviour_and_drop_artefacts():
     assert is_collective_habit(broadcast)
     assert not is_collective_habit({**broadcast, "params": {**broadcast["params"], "stage": "eval"}})
 
-    from shipping_rules import is_data_agreement, is_setup_habit
+    from shipping_rules import is_data_agreement, is_harmless_absence, is_setup_call_agreement, is_setup_habit
+
+    assert is_harmless_absence({"relation": "APIAbsent", "params": {"api": "torch.optim.Optimizer.zero_grad",
+                                                                    "stage": "eval", "after_step": -1}})
+    assert is_setup_call_agreement({"relation": "APIArg", "params": {"api": "torch.nn.init.kaiming_uniform_",
+                                                                     "arg": "tensor", "form": "ranks"}})
+    assert not is_setup_call_agreement({"relation": "APIArg", "params": {"api": "torch.distributed.all_reduce",
+                                                                         "arg": "op", "form": "ranks"}})
 
     assert is_setup_habit({"relation": "APIAbsent", "params": {"api": "torch.nn.Module.forward", "stage": "init",
                                                                "after_step": -1}})

@@ -16,7 +16,9 @@ a candidate ships only with evidence that it is a law of training code, not a ha
   whose own inference pins the same thing under the same precondition pins the same
   value; output dtypes only under an active autocast; argument values only for the
   ``training`` flag (``p = 0.5``, ``inplace = False`` are configuration);
-* **setup is free**: no "X is never called during setup";
+* **setup is free**: no "X is never called during setup", no initialiser argument
+  agreeing across ranks call by call (rank 0 alone may build a checkpoint);
+* **harmless calls are no law**: no "gradients are never cleared in stage S";
 * **data is not a law**: a module input agreeing across data-parallel ranks is refused
   (each rank pads its own batch);
 * **validation**: it stays silent on a validation run of every reference and on the
@@ -142,6 +144,27 @@ def is_collective_habit(invariant: Mapping[str, Any]) -> bool:
             and api != "torch.distributed.init_process_group" and params.get("stage") == "train")
 
 
+CLEARING_APIS = frozenset({"torch.optim.Optimizer.zero_grad", "torch.nn.Module.zero_grad"})
+INIT_PREFIX = "torch.nn.init."
+
+
+def is_harmless_absence(invariant: Mapping[str, Any]) -> bool:
+    """"Gradients are never cleared in stage S": clearing is harmless anywhere, and a loop
+    that clears at the top of each iteration does so right after the previous
+    iteration's evaluation, before ``model.train()``."""
+    params = invariant["params"]
+    return invariant["relation"] == "APIAbsent" and params.get("api") in CLEARING_APIS
+
+
+def is_setup_call_agreement(invariant: Mapping[str, Any]) -> bool:
+    """"An initialiser's argument is the same on every rank for the same call": calls are
+    matched by position, and setup is where one rank may do work the others do not (rank
+    0 alone building and saving the checkpoint the others load)."""
+    params = invariant["params"]
+    return (invariant["relation"] == "APIArg" and params.get("form") == "ranks"
+            and str(params.get("api", "")).startswith(INIT_PREFIX))
+
+
 def is_setup_habit(invariant: Mapping[str, Any]) -> bool:
     """"X is never called in stage 'init'": the setup window is where a program may do
     anything (a dry-run forward for shapes, a warm-up, a model summary); what the
@@ -223,6 +246,10 @@ def evidence_reasons(invariant: Mapping[str, Any], support: Mapping[str, set[str
         reasons.append("a collective's absence from training: the framework's habit, not a law")
     if is_setup_habit(invariant):
         reasons.append("an API's absence from setup: setup may do anything")
+    if is_harmless_absence(invariant):
+        reasons.append("clearing gradients never called in a stage: clearing is harmless anywhere")
+    if is_setup_call_agreement(invariant):
+        reasons.append("an initialiser's argument agreeing across ranks by call position: setup may differ by rank")
     if is_data_agreement(invariant):
         reasons.append("a module input agreeing across ranks: data-parallel ranks see different data")
     family = constant_family(invariant)
