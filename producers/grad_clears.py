@@ -18,7 +18,7 @@ backward are not hand clears and are not seen here.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import torch
 
@@ -46,13 +46,14 @@ class HandClears:
         self._cleared[id(param)] = param
         return first
 
-    def param_of_grad(self, tensor: torch.Tensor, params: Iterable[torch.Tensor]) -> torch.Tensor | None:
-        """The parameter whose ``.grad`` ``tensor`` is (or views through ``.data``)."""
+    def param_of_grad(self, tensor: torch.Tensor, params: Callable[[], Iterable[torch.Tensor]]) -> torch.Tensor | None:
+        """The parameter whose ``.grad`` ``tensor`` is (or views through ``.data``);
+        ``params`` is called only when the map is rebuilt (once after each backward)."""
         if not tensor.numel() or tensor.device.type == "meta":
             return None
         if self._grad_owners is None:
             self._grad_owners = {}
-            for param in params:
+            for param in params():
                 grad = param.grad
                 if grad is not None and grad.numel():
                     self._grad_owners[grad.data_ptr()] = param
@@ -82,9 +83,6 @@ def grad_property(tracer: "Tracer", descriptor: Any) -> property:
     """``Tensor.grad`` with a setter that notices ``param.grad = None``; reads and other
     writes go straight to torch's own descriptor."""
 
-    def get_grad(tensor: torch.Tensor) -> Any:
-        return descriptor.__get__(tensor, type(tensor))
-
     def set_grad(tensor: torch.Tensor, value: Any) -> None:
         descriptor.__set__(tensor, value)
         if value is None and isinstance(tensor, torch.nn.Parameter) and hand_clear_allowed(tracer):
@@ -93,7 +91,6 @@ def grad_property(tracer: "Tracer", descriptor: Any) -> property:
             except Exception as exc:
                 tracer.internal_error("gradient clear", exc)
 
-    def delete_grad(tensor: torch.Tensor) -> None:
-        descriptor.__delete__(tensor)
-
-    return property(get_grad, set_grad, delete_grad, getattr(descriptor, "__doc__", None))
+    # reads (every optimizer step reads each parameter's .grad) call torch's descriptor
+    # directly: no Python frame of ours on that path
+    return property(descriptor.__get__, set_grad, descriptor.__delete__, getattr(descriptor, "__doc__", None))

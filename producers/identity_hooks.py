@@ -174,7 +174,7 @@ def _note_gradient_zeroed(tracer: "Tracer", tensor: torch.Tensor) -> None:
     """``param.grad.zero_()`` by user code is a hand clear of ``param``'s gradient."""
     try:
         if hand_clear_allowed(tracer):
-            param = tracer.hand_clears.param_of_grad(tensor, tracer.ownership.known_parameters())
+            param = tracer.hand_clears.param_of_grad(tensor, tracer.ownership.known_parameters)
             if param is not None:
                 tracer.grad_cleared_by_hand(param)
     except Exception as exc:
