@@ -62,6 +62,7 @@ def main() -> None:
     try:
         loss = train(rank, world_size, args)
         print(f"ddp_gloo rank {rank}/{world_size}: {args.steps} steps, final loss {loss:.4f}")
+        dist.barrier()  # leave together: a rank tearing gloo down mid-exchange aborts its peer
     finally:
         dist.destroy_process_group()
 

@@ -34,6 +34,7 @@ def worker(rank: int, world_size: int, master_port: int, args: argparse.Namespac
     try:
         loss = train(rank, world_size, args)
         print(f"spawn_ddp rank {rank}/{world_size}: {args.steps} steps, final loss {loss:.4f}")
+        dist.barrier()  # leave together: a rank tearing gloo down mid-exchange aborts its peer
     finally:
         dist.destroy_process_group()
 

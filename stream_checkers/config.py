@@ -16,7 +16,11 @@ from typing import Any, Mapping
 
 DEFAULT_TOPIC_PREFIX = "trainwatch."
 DEFAULT_PARTITIONS = 4
-DEFAULT_GRACE_SECONDS = 3.0
+#: How long a step window waits for a rank that has not reported it.  Windows close as
+#: soon as every rank reported, so this only delays the verdict on a rank that is really
+#: gone; set below the worst delivery skew between ranks (a loaded host, a GC pause, a
+#: slow link to the broker) it pages about healthy ranks instead.
+DEFAULT_GRACE_SECONDS = 10.0
 DEFAULT_METRICS_PORT = 9464
 DEFAULT_APP_ID = "trainwatch-checker"
 

@@ -155,11 +155,23 @@ class CheckerMetrics:
             self.batches_consumed, self.late_batches, self.missing_rank_windows, self.missing_worker_windows,
             self.producer_dropped_events, self.producer_dropped_batches, self.run_live, self.last_event_timestamp,
         )
+        #: Counters that start at 0 the moment a run is first seen: a series born at 1
+        #: has no earlier sample, so ``increase()`` over it is empty until a second
+        #: event, and the dashboard panel and alert miss the first late batch or drop.
+        self._zeroed_per_run = (
+            self.steps_checked, self.events_consumed, self.batches_consumed, self.late_batches,
+            self.missing_rank_windows, self.missing_worker_windows, self.producer_dropped_events,
+            self.producer_dropped_batches,
+        )
 
     # -- bounded run label -------------------------------------------------------------
     def _touch(self, run: str) -> None:
+        first_seen = run not in self.retention
         for evicted in self.retention.touch(run, self._clock()):
             self._forget(evicted)
+        if first_seen:
+            for counter in self._zeroed_per_run:
+                counter.labels(run=run)
 
     def forget_expired_runs(self) -> int:
         """Remove the series of runs past their retention; returns how many runs went."""

@@ -46,6 +46,9 @@ class RunRetention:
     def __len__(self) -> int:
         return len(self._runs)
 
+    def __contains__(self, run: object) -> bool:
+        return run in self._runs
+
     def touch(self, run: str, now: float) -> list[str]:
         """Record activity of ``run``; returns the runs evicted to stay within ``max_runs``."""
         activity = self._runs.get(run)

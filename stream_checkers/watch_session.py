@@ -25,7 +25,7 @@ from typing import Any, TextIO
 
 from invariants.coverage_text import describe_totals, nothing_checked_line, training_iterations
 
-from .config import KafkaSecurity
+from .config import DEFAULT_GRACE_SECONDS, KafkaSecurity
 from .coverage_metrics import totals_from_samples
 from .report import decode_violation
 from .violation_fold import RepeatFolder
@@ -47,7 +47,7 @@ class WatchOptions:
     invariants: str | None = None
     metrics_port: int = 0
     trace_dir: str | None = None
-    grace_seconds: float = 2.0
+    grace_seconds: float = DEFAULT_GRACE_SECONDS
     partitions: int = 4
     topic_prefix: str = "trainwatch."
     drain_timeout_s: float = 60.0

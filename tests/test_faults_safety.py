@@ -223,6 +223,23 @@ def test_run_label_is_bounded_by_least_recently_active_eviction_and_idle_runs_go
     assert _runs_in(_exposition(registry)) == set()
 
 
+def test_a_runs_event_counters_exist_at_zero_from_its_first_batch():
+    """increase() needs a sample before the first late batch or drop, or the first one is
+    invisible to the dashboard and the alerts."""
+    from prometheus_client import CollectorRegistry
+
+    from stream_checkers.metrics import CheckerMetrics
+
+    registry = CollectorRegistry()
+    metrics = CheckerMetrics(registry)
+    metrics.batch_consumed("fresh", 3, None)
+    for name in ("trainwatch_late_batches_total", "trainwatch_missing_rank_windows_total",
+                 "trainwatch_producer_dropped_batches_total", "trainwatch_steps_checked_total"):
+        assert registry.get_sample_value(name, {"run": "fresh"}) == 0, name
+    metrics.late_batch("fresh")
+    assert registry.get_sample_value("trainwatch_late_batches_total", {"run": "fresh"}) == 1
+
+
 # -- runs are never mixed: collect -o and check ------------------------------------------------
 def _synthetic_trace(directory: Path, run: str, *, seed: int = 0, prefix: str = "") -> Path:
     from invariants.synthetic import SyntheticRun

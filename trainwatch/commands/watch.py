@@ -15,6 +15,8 @@ import os
 import signal
 import sys
 
+from stream_checkers.config import DEFAULT_GRACE_SECONDS
+
 EXIT_USAGE = 2
 
 
@@ -28,8 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", dest="trace_dir", default=None,
                         help="also keep trace files in this directory")
     parser.add_argument("--run-id", default=None, help="run identifier (default: <script>-<time>-<random>)")
-    parser.add_argument("--grace-seconds", type=float, default=2.0,
-                        help="close a step window this long after its last batch (default 2)")
+    parser.add_argument("--grace-seconds", type=float, default=DEFAULT_GRACE_SECONDS,
+                        help="wait this long after a step window's last batch for ranks that have not "
+                             f"reported the step (default {DEFAULT_GRACE_SECONDS:g})")
     parser.add_argument("--drain-timeout", type=float, default=60.0,
                         help="after the command exits, wait at most this long for the checker (default 60)")
     parser.add_argument("--every-violation", action="store_true",
