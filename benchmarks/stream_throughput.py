@@ -39,7 +39,7 @@ from invariants.codec import encode_batch  # noqa: E402
 from invariants.events import batch_key  # noqa: E402
 from invariants.synthetic import SyntheticRun  # noqa: E402
 from stream_checkers.embedded_broker import EmbeddedBroker  # noqa: E402
-from stream_checkers.testing import CheckerProcess, metric, synthetic_step_batch  # noqa: E402
+from tests.support.kafka import CheckerProcess, metric, synthetic_step_batch  # noqa: E402
 
 TOPIC = "trainwatch.events"
 

@@ -44,15 +44,16 @@ from invariants.trends import TrendMonitor, TrendRules
 from .broker_health import PROBE_INTERVAL_S, BrokerHealth
 from .config import CheckerConfig
 from .dead_letter import dead_letter_record
-from .end_offsets import FetchHighwaterProbe, HighwaterTransport
-from .input_order import InputOrder
-from .pending_windows import CommitGates, PendingWindows
-from .stall_guard import StallGuard
+from .faust_compat.commit_gates import CommitGates
+from .faust_compat.input_order import InputOrder
+from .faust_compat.stall_guard import StallGuard
+from .faust_compat.transport import FetchHighwaterProbe, HighwaterTransport
 from .engine_port import EnginePort
-from .grace import grace_expired
 from .metrics import CheckerMetrics
 from .report import encode_violation, violation_line
-from .window_record import WindowRecord, window_key
+from .windows.grace import grace_expired
+from .windows.pending import PendingWindows
+from .windows.record import WindowRecord, window_key
 
 log = logging.getLogger("trainwatch.checker")
 
@@ -184,8 +185,6 @@ class StreamChecker:
         # and no offset commit passes a record the agent has not handled.
         probe = getattr(self.app.transport, "highwater_probe", None)
         self._input_order = InputOrder(self.app, (names.events, names.window_ticks, names.step_summaries), probe)
-        if hasattr(self.app.transport, "commit_gate"):
-            self.app.transport.commit_gate = self._input_order
         #: open windows not written to the table yet; they hold back offset commits
         self._pending = PendingWindows(names.events)
         if hasattr(self.app.transport, "commit_gate"):

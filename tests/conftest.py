@@ -19,6 +19,8 @@ settings.load_profile("trainwatch")
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
+if str(ROOT) not in sys.path:  # test-only helpers are imported as `tests.support`
+    sys.path.insert(0, str(ROOT))
 
 
 @pytest.fixture
@@ -54,7 +56,7 @@ def tls_kafka_broker(tmp_path):
     Skips when stunnel is missing, and fails instead when TRAINWATCH_REQUIRE_SYSTEM_DEPS=1
     (CI installs it with scripts/install-system-deps.sh).
     """
-    from stream_checkers.tls_broker import TlsKafkaBroker, find_stunnel
+    from tests.support.tls_broker import TlsKafkaBroker, find_stunnel
 
     if find_stunnel() is None:
         reason = "stunnel is not installed (bash scripts/install-system-deps.sh installs it)"

@@ -301,7 +301,7 @@ def test_watch_without_the_checkers_counters_says_coverage_is_unknown_and_exits_
     import io
     import shutil
 
-    from stream_checkers.watch_session import WatchOptions, WatchSession
+    from stream_checkers.console.watch_session import WatchOptions, WatchSession
 
     err = io.StringIO()
     session = WatchSession(WatchOptions(command=["true"], run_id="r"), out=io.StringIO(), err=err)

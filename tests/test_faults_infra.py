@@ -13,7 +13,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from stream_checkers.supervisor import wait_until
+from stream_checkers.console.supervisor import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,7 +47,7 @@ def test_training_outlives_a_dead_broker_quietly_and_promptly(kafka_broker, clea
     """The producer's shutdown path is bounded by the flush timeout and silent: no
     ``Exception ignored in atexit callback`` from the Kafka client, and the batches it
     could not deliver are counted in collect's summary."""
-    from stream_checkers.testing import read_topic
+    from tests.support.kafka import read_topic
 
     script, go = tmp_path / "train.py", tmp_path / "go"
     script.write_text(TRAIN_THEN_NAN)

@@ -171,7 +171,7 @@ def test_a_deep_or_undecodable_invariants_file_is_one_line_and_exit_2(tmp_path, 
 
 
 def test_serve_dead_letters_world_bombs_and_deep_nesting_and_keeps_checking(kafka_broker, tmp_path):
-    from stream_checkers.testing import CheckerProcess, metric, produce, produce_raw, read_topic, \
+    from tests.support.kafka import CheckerProcess, metric, produce, produce_raw, read_topic, \
         synthetic_step_batch, wait_until
 
     worker = CheckerProcess(kafka_broker.bootstrap, tmp_path / "w.log",

@@ -318,7 +318,7 @@ def test_check_report_into_a_missing_directory_fails_before_any_verdict(tmp_path
 
 
 def test_shared_reminder_line_has_balanced_parentheses():
-    from stream_checkers.violation_fold import RepeatFolder
+    from stream_checkers.console.violation_fold import RepeatFolder
 
     folder = RepeatFolder()
     lines = []

@@ -23,7 +23,7 @@ from stream_checkers.bounded_worker import EXIT_UNCLEAN_STOP, SHUTDOWN_DEADLINE_
 from stream_checkers.broker_health import BrokerHealth
 from stream_checkers.client_log_limit import ClientErrorRateLimit
 from stream_checkers.config import CheckerConfig, KafkaSecurity
-from stream_checkers.testing import CheckerProcess, metric, produce, synthetic_step_batch, wait_until
+from tests.support.kafka import CheckerProcess, metric, produce, synthetic_step_batch, wait_until
 
 #: What the README promises for a SIGTERM, whatever the broker's state.
 STOP_BOUND_S = 15.0

@@ -20,8 +20,8 @@ from invariants.codec import encode_batch
 from invariants.engine import Engine, StepWindows
 from invariants.invariant_file import dumps, load_default_set, load_set
 from producers.sinks import KafkaSink, kafka_settings_from_env
-from stream_checkers.testing import CheckerProcess, iter_violations, metric, read_topic, synthetic_step_batch, wait_until
-from stream_checkers.tls_broker import make_certificates
+from tests.support.kafka import CheckerProcess, iter_violations, metric, read_topic, synthetic_step_batch, wait_until
+from tests.support.tls_broker import make_certificates
 
 ROOT = Path(__file__).resolve().parents[1]
 EVENTS = "trainwatch.events"

@@ -6,7 +6,8 @@ restart tests in test_stream_checker.py; these pin the bookkeeping those rely on
 
 from faust.types import TP
 
-from stream_checkers.pending_windows import PERSIST_AFTER_S, CommitGates, PendingWindows
+from stream_checkers.faust_compat.commit_gates import CommitGates
+from stream_checkers.windows.pending import PERSIST_AFTER_S, PendingWindows
 
 EVENTS = "trainwatch.events"
 

@@ -20,7 +20,7 @@ from invariants.engine import Engine, StepWindows
 from invariants.events import make_batch
 from invariants.invariant_file import dumps, load_default_set, load_set
 from stream_checkers.dead_letter import DEAD_LETTER_PREFIX_BYTES
-from stream_checkers.testing import (
+from tests.support.kafka import (
     CheckerProcess,
     iter_violations,
     metric,
@@ -262,7 +262,7 @@ def test_recovery_end_offsets_come_from_the_fetch_high_watermark(kafka_broker):
     from faust.types import TP
     from kafka import KafkaProducer
 
-    from stream_checkers.end_offsets import FetchHighwaterProbe
+    from stream_checkers.faust_compat.transport import FetchHighwaterProbe
 
     topic = "trainwatch.test-end-offsets"
     producer = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap, linger_ms=50)
@@ -315,8 +315,8 @@ def test_records_lost_between_fetch_and_agent_are_read_again_and_never_committed
     from faust.types import TP
     from kafka import KafkaProducer
 
-    from stream_checkers.end_offsets import FetchHighwaterProbe
-    from stream_checkers.input_order import InputOrder
+    from stream_checkers.faust_compat.transport import FetchHighwaterProbe
+    from stream_checkers.faust_compat.input_order import InputOrder
 
     topic = "trainwatch.test-input-order"
     producer = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap, linger_ms=20)
@@ -377,7 +377,7 @@ def test_probe_names_the_first_record_at_or_after_an_offset(kafka_broker):
     from faust.types import TP
     from kafka import KafkaProducer
 
-    from stream_checkers.end_offsets import FetchHighwaterProbe
+    from stream_checkers.faust_compat.transport import FetchHighwaterProbe
 
     topic = "trainwatch.test-first-offset"
     producer = KafkaProducer(bootstrap_servers=kafka_broker.bootstrap, linger_ms=20)
@@ -421,7 +421,7 @@ def test_a_backlog_does_not_expire_windows_whose_batches_are_still_unread(kafka_
 
 
 def test_grace_runs_on_event_time_while_the_partition_has_unread_records():
-    from stream_checkers.grace import grace_expired
+    from stream_checkers.windows.grace import grace_expired
 
     base = dict(now=100.0, last_batch_at=95.0, newest_producer_ts=50.0, grace=3.0)
     assert not grace_expired(**{**base, "now": 97.0}, partition_lag=0, partition_event_time=None)

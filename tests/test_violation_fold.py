@@ -1,6 +1,6 @@
 """The console folding of repeated violations (presentation only; no broker needed)."""
 
-from stream_checkers.violation_fold import RepeatFolder
+from stream_checkers.console.violation_fold import RepeatFolder
 
 
 def _violation(step: int, invariant: str = "inv-a", relation: str = "Consistent") -> dict:

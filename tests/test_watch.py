@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from stream_checkers.embedded_broker import free_port
-from stream_checkers.testing import iter_violations, metric, read_topic, scrape
+from tests.support.kafka import iter_violations, metric, read_topic, scrape
 
 ROOT = Path(__file__).resolve().parents[1]
 DDP = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",

@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"trainwatch watch: error: invariant file {args.invariants} does not exist", file=sys.stderr)
         return EXIT_USAGE
     from stream_checkers.embedded_broker import BrokerUnavailable, find_tansu
-    from stream_checkers.watch_session import WatchOptions, WatchSession
+    from stream_checkers.console.watch_session import WatchOptions, WatchSession
 
     if not args.bootstrap:
         try:

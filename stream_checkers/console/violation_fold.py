@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .report import violation_line
+from ..report import violation_line
 
 
 @dataclass

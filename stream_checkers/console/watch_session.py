@@ -25,9 +25,9 @@ from typing import Any, TextIO
 
 from invariants.coverage_text import describe_totals, nothing_checked_line, training_iterations
 
-from .config import DEFAULT_GRACE_SECONDS, KafkaSecurity
-from .coverage_metrics import totals_from_samples
-from .report import decode_violation
+from ..config import DEFAULT_GRACE_SECONDS, KafkaSecurity
+from ..coverage_metrics import totals_from_samples
+from ..report import decode_violation
 from .violation_fold import RepeatFolder
 from .supervisor import CheckerProcess, TopicReader, metric
 
@@ -135,7 +135,7 @@ class WatchSession:
     def _start_broker(self) -> str:
         if self.options.bootstrap:
             return self.options.bootstrap
-        from .embedded_broker import EmbeddedBroker
+        from ..embedded_broker import EmbeddedBroker
 
         self.broker = EmbeddedBroker(log_path=self.workdir / "broker.log").start()
         return self.broker.bootstrap

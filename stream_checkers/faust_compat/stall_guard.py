@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 from faust.types import TP
 
-from .end_offsets import FetchHighwaterProbe
+from .transport import FetchHighwaterProbe
 from .input_order import InputOrder
 
 log = logging.getLogger("trainwatch.checker")

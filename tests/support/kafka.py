@@ -16,7 +16,7 @@ from typing import Any, Iterable, Iterator
 from invariants.codec import encode_batch
 from invariants.events import batch_key, make_batch
 
-from .supervisor import CheckerProcess, TopicReader, metric, scrape, wait_until
+from stream_checkers.console.supervisor import CheckerProcess, TopicReader, metric, scrape, wait_until
 
 __all__ = ["CheckerProcess", "metric", "scrape", "wait_until", "read_topic", "produce", "produce_raw",
            "synthetic_step_batch", "iter_violations"]
@@ -101,7 +101,7 @@ def produce_raw(bootstrap: str, topic: str, records: Iterable[tuple[bytes | None
 
 
 def iter_violations(records: Iterable[Any]) -> Iterator[dict[str, Any]]:
-    from .report import decode_violation
+    from stream_checkers.report import decode_violation
 
     for record in records:
         yield decode_violation(record.value)

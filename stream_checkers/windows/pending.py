@@ -22,9 +22,14 @@ input is read again from the committed offset, which the cap kept before it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from faust.types import TP
+
+class TopicPartition(Protocol):
+    """What a commit offset is keyed by (Faust's ``TP`` has these fields)."""
+
+    topic: str
+    partition: int
 
 #: A window still open after this long is written to the table by the next message of
 #: its partition (well below any grace period, so restarts replay little).
@@ -101,7 +106,7 @@ class PendingWindows:
         for partition in [p for p in self._by_partition if p not in partitions]:
             self.drop_partition(partition)
 
-    def commit_limit(self, tp: TP, offset: int) -> int | None:
+    def commit_limit(self, tp: TopicPartition, offset: int) -> int | None:
         """No events offset is committed past the first batch of a window not in the table."""
         if tp.topic != self.events_topic:
             return offset
@@ -110,18 +115,3 @@ class PendingWindows:
             return offset
         return min(offset, min(entry.first_offset for entry in entries.values()))
 
-
-class CommitGates:
-    """Several commit caps applied together: the lowest limit wins, None (nothing yet) too."""
-
-    def __init__(self, *gates: Any) -> None:
-        self.gates = gates
-
-    def commit_limit(self, tp: TP, offset: int) -> int | None:
-        limit: int | None = offset
-        for gate in self.gates:
-            capped = gate.commit_limit(tp, offset)
-            if capped is None:
-                return None
-            limit = capped if limit is None else min(limit, capped)
-        return limit

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .embedded_broker import free_port
+from ..embedded_broker import free_port
 
 
 def wait_until(condition: Callable[[], Any], timeout_s: float, interval_s: float = 0.1, what: str = "condition") -> Any:

@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterable
 
 from faust.types import TP
 
-from .end_offsets import FetchHighwaterProbe
+from .transport import FetchHighwaterProbe
 
 log = logging.getLogger("trainwatch.checker")
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from .embedded_broker import EmbeddedBroker, end_process, free_port
+from stream_checkers.embedded_broker import EmbeddedBroker, end_process, free_port
 
 LOOPBACK = "127.0.0.1"
 
