@@ -27,7 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from invariants.engine import Engine, StepWindows  # noqa: E402
+from invariants.engine import Engine  # noqa: E402
+from invariants.step_windows import StepWindows
 from invariants.wire import wire_types  # noqa: E402
 from invariants.inference import Inferencer  # noqa: E402
 from invariants.invariant_file import load_default_set  # noqa: E402

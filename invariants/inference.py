@@ -23,11 +23,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from .engine import Engine, StepWindows
+from .engine import Engine
+from .step_windows import StepWindows
 from .events import Batch
 from .invariant_set import InvariantSet
 from .model import Invariant
-from .precondition import SignatureCache, infer_precondition
+from .precondition_inference import SignatureCache, infer_precondition
 from .relations import TEMPLATES
 from .relations.base import Template, WindowView
 from .relations.consistent import FIRST_ITERATION_STEP, merge_baselines, replication_baseline, tie_baseline

@@ -231,7 +231,8 @@ def test_serve_counts_coverage_per_run_and_logs_it_when_ranks_end(ranks_only):
     from prometheus_client import CollectorRegistry
 
     from invariants.coverage import window_coverage
-    from invariants.engine import Engine, StepWindows
+    from invariants.engine import Engine
+    from invariants.step_windows import StepWindows
     from invariants.invariant_file import load_set
     from stream_checkers.metrics import CheckerMetrics
 

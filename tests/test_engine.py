@@ -9,7 +9,8 @@ import msgpack
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from invariants.engine import Engine, RunState, StepWindows
+from invariants.engine import Engine, RunState
+from invariants.step_windows import StepWindows
 from invariants.inference import Inferencer, infer
 from invariants.invariant_set import InvariantSet
 from invariants.model import Invariant, Violation

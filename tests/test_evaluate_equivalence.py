@@ -39,7 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from invariants.engine import Engine, RunState, StepWindows  # noqa: E402
+from invariants.engine import Engine, RunState  # noqa: E402
+from invariants.step_windows import StepWindows  # noqa: E402
 from invariants.invariant_file import dumps, load_default_set, loads  # noqa: E402
 from invariants.invariant_set import InvariantSet  # noqa: E402
 from invariants.precondition import compile_precondition  # noqa: E402

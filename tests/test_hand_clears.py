@@ -15,7 +15,8 @@ from torch import nn
 import producers
 from invariants.events import GRAD_CLEAR_API
 from invariants.inference import Inferencer
-from invariants.engine import Engine, StepWindows
+from invariants.engine import Engine
+from invariants.step_windows import StepWindows
 from invariants.invariant_set import InvariantSet
 from producers.report import read_trace_dir
 

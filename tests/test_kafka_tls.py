@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from invariants.codec import encode_batch
-from invariants.engine import Engine, StepWindows
+from invariants.engine import Engine
+from invariants.step_windows import StepWindows
 from invariants.invariant_file import dumps, load_default_set, load_set
 from producers.sinks import KafkaSink, kafka_settings_from_env
 from tests.support.kafka import CheckerProcess, iter_violations, metric, read_topic, synthetic_step_batch, wait_until

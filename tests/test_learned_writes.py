@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 import producers
-from invariants.engine import Engine, StepWindows
+from invariants.engine import Engine
+from invariants.step_windows import StepWindows
 from invariants.inference import infer
 from invariants.invariant_set import InvariantSet
 from producers.report import read_trace_dir

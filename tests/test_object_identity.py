@@ -7,7 +7,8 @@ from __future__ import annotations
 import torch
 import torch.nn.parallel
 
-from invariants.engine import Engine, StepWindows
+from invariants.engine import Engine
+from invariants.step_windows import StepWindows
 from invariants.events import make_batch
 from invariants.inference import Inferencer
 from invariants.invariant_set import InvariantSet

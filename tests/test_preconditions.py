@@ -7,13 +7,8 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from invariants.precondition import (
-    compile_precondition,
-    describe_precondition,
-    infer_precondition,
-    signature,
-    validate_precondition,
-)
+from invariants.precondition import compile_precondition, describe_precondition, validate_precondition
+from invariants.precondition_inference import infer_precondition, signature
 
 
 def sigs(*examples):

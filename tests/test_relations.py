@@ -6,7 +6,8 @@ import functools
 
 import pytest
 
-from invariants.engine import Engine, StepWindows
+from invariants.engine import Engine
+from invariants.step_windows import StepWindows
 from invariants.events import make_batch
 from invariants.inference import Inferencer, infer
 from invariants.invariant_set import InvariantSet

@@ -16,7 +16,8 @@ import msgpack
 import pytest
 
 from invariants.codec import encode_batch
-from invariants.engine import Engine, StepWindows
+from invariants.engine import Engine
+from invariants.step_windows import StepWindows
 from invariants.events import make_batch
 from invariants.invariant_file import dumps, load_default_set, load_set
 from stream_checkers.dead_letter import DEAD_LETTER_PREFIX_BYTES

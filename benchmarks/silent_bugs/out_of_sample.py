@@ -37,7 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import build_default_set  # noqa: E402
 from harness import REPO, check  # noqa: E402
-from invariants.engine import Engine, StepWindows  # noqa: E402
+from invariants.engine import Engine  # noqa: E402
+from invariants.step_windows import StepWindows
 from invariants.inference import Inferencer  # noqa: E402
 from invariants.invariant_file import dumps, load_set  # noqa: E402
 from invariants.wire import wire_types  # noqa: E402

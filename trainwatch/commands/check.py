@@ -39,7 +39,8 @@ def _unwritable_report(args: argparse.Namespace) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     from invariants.coverage import LATE_BATCH, Coverage
-    from invariants.engine import Engine, StepWindows
+    from invariants.engine import Engine
+    from invariants.step_windows import StepWindows
     from invariants.invariant_file import InvariantFileError, load_default_set, load_set
     from invariants.report import (CheckSummary, preconditions_by_id, render_html, render_json, render_text,
                                    untrained_lines)
