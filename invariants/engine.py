@@ -25,8 +25,8 @@ from .invariant_set import InvariantSet
 from .model import Violation
 from .precondition import needs_records
 from .relations import ALL_RANKS_REPORT
-from .relations.base import WindowView
-from .relations.consistent import FIRST_ITERATION_STEP, merge_baselines, replication_baseline, tie_baseline
+from .relations.view import WindowView
+from .relations.baselines import FIRST_ITERATION_STEP, merge_baselines, replication_baseline, tie_baseline
 from .relations.stable_variables import variable_counts
 from .window import LISTED_RANKS, FactPlan, WindowState
 

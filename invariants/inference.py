@@ -30,8 +30,9 @@ from .invariant_set import InvariantSet
 from .model import Invariant
 from .precondition_inference import SignatureCache, infer_precondition
 from .relations import TEMPLATES
-from .relations.base import Template, WindowView
-from .relations.consistent import FIRST_ITERATION_STEP, merge_baselines, replication_baseline, tie_baseline
+from .relations.base import Template
+from .relations.view import WindowView
+from .relations.baselines import FIRST_ITERATION_STEP, merge_baselines, replication_baseline, tie_baseline
 from .relations.identity import keyed_on_user_class
 from .relations.stable_variables import variable_counts
 from .window import FactPlan, WindowState

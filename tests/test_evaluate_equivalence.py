@@ -191,7 +191,7 @@ def _same(a: Any, b: Any) -> bool:
 def test_snapshot_records_read_like_state_records(attrs, rank, step):
     """Checking reads state records field by field (`SnapshotRecord`); every field,
     present or absent, must be what the whole record says."""
-    from invariants.relations.base import WindowView
+    from invariants.relations.view import WindowView
 
     view = WindowView(WindowState("run", step))
     whole, lazy = view.state_record(attrs, rank), view.snapshot_record(attrs, rank)

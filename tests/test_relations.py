@@ -490,7 +490,7 @@ def test_first_forward_rule_is_not_learned_from_an_eval_first_reference():
 
 
 def test_first_forward_facts_are_not_precondition_fields_of_other_rules():
-    from invariants.relations.base import WindowView
+    from invariants.relations.view import WindowView
     from invariants.window import FactPlan, WindowState
 
     window = WindowState("sn", 0)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from ..model import Invariant
 from .api_arg import APIArg
 from .api_output import APIOutput
-from .base import Site, Template, WindowView
+from .base import Site, Template
+from .view import WindowView
 from .consistent import Consistent
 from .contain import EventContain
 from .learned_writes import InitSparesLearned

@@ -28,9 +28,10 @@ from __future__ import annotations
 from typing import Any, Iterator, Mapping
 
 from ..window import FactPlan
-from .base import Site, Template, WindowView, freeze
+from .base import Site, Template
 
 #: words of argument names whose values come from an RNG (seeds, RNG-state digests)
+from .view import WindowView, freeze
 RNG_WORDS = ("seed", "rng", "random", "generator", "state_digest")
 
 

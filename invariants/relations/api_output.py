@@ -34,8 +34,9 @@ from __future__ import annotations
 from typing import Any, Iterator, Mapping
 
 from ..window import FactPlan
-from .base import Lazy, Site, Template, WindowView, freeze, is_number, is_scalar, thaw
+from .base import Lazy, Site, Template
 
+from .view import WindowView, freeze, is_number, is_scalar, thaw
 CONSTANT_PROPS = ("dtype",)
 #: ``batch`` is the leading dimension: preprocessing may pad or crop, never drop samples
 INPUT_PROPS = ("shape", "dtype", "batch")

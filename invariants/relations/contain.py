@@ -25,8 +25,8 @@ from __future__ import annotations
 from typing import Any, Iterator, Mapping
 
 from ..window import FactPlan
-from .base import (SIGNIFICANT_GRAD_RATIO, Lazy, Site, SnapshotRecord, Template, WindowView, freeze, is_scalar,
-                   reportable, thaw)
+from .base import Lazy, Site, Template, reportable
+from .view import SIGNIFICANT_GRAD_RATIO, SnapshotRecord, WindowView, freeze, is_scalar, thaw
 
 STATE_EFFECTS = (("data_digest", "changes"), ("data_digest", "preserves"), ("grad_digest", "cleared"))
 #: per-call effects: one site per call, judged over all the variables it snapshots

@@ -27,9 +27,10 @@ from __future__ import annotations
 from typing import Any, Iterator, Mapping
 
 from ..window import FactPlan
-from .base import Site, Template, WindowView
+from .base import Site, Template
 
 
+from .view import WindowView
 class InitSparesLearned(Template):
     relation = "InitSparesLearned"
 

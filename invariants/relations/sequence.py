@@ -42,7 +42,8 @@ from typing import Any, Iterator, Mapping
 
 from ..events import GRAD_CLEAR_API
 from ..window import FactPlan
-from .base import Site, Template, WindowView
+from .base import Site, Template
+from .view import WindowView
 from .identity import MODULE_ZERO_GRAD, OPTIMIZER_ZERO_GRAD, call_facts, same_objects
 
 MAX_CALLS_PER_WINDOW = 4

@@ -18,8 +18,9 @@ from __future__ import annotations
 from typing import Any, Iterator, Mapping
 
 from ..window import FactPlan
-from .base import Site, Template, WindowView
+from .base import Site, Template
 
+from .view import WindowView
 MAX_NAMES_IN_EVIDENCE = 12
 
 

@@ -50,9 +50,10 @@ from typing import Any, Iterable, Iterator, Mapping
 
 from ..model import Invariant
 from ..window import FactPlan
-from .base import Site, Template, WindowView
+from .base import Site, Template
 
 #: Called in DataLoader worker processes: its stage is wherever the loader's iterator
+from .view import WindowView
 #: was created, which differs between pipelines, so stage rules about it are noise.
 WORKER_APIS = frozenset({"torch.utils.data.worker_init"})
 #: Spectral-norm implementations whose estimate is only refined by training-mode forwards.
