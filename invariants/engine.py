@@ -124,14 +124,16 @@ class Engine:
         variables are rank-local (`replication_baseline`, completed at the first
         iteration, step 1, where shards first part) and how many variables each
         snapshot point tracks (`variable_counts`).  Windows that close before
-        step 0 does (only possible when streaming out of order) judge every variable.
+        step 0 (or, for shards that part at their first update, step 1) does -- only
+        possible when streaming out of order -- judge every variable.
         """
         if window.step == 0:
             run_state.rank_local = replication_baseline(window)
             run_state.variable_counts = variable_counts(window)
             run_state.ties = tie_baseline(window)
         elif window.step == FIRST_ITERATION_STEP:
-            run_state.rank_local = merge_baselines(run_state.rank_local, replication_baseline(window))
+            run_state.rank_local = merge_baselines(run_state.rank_local,
+                                                  replication_baseline(window, before_update=True))
         view = WindowView(window, run_state.rank_local, run_state.variable_counts, run_state.ties)
         found: dict[str, Violation] = {}
         counts: dict[str, int] = {}

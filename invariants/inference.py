@@ -88,7 +88,8 @@ class Inferencer:
             self.variable_counts[window.run] = variable_counts(window)
             self.ties[window.run] = tie_baseline(window)
         elif window.step == FIRST_ITERATION_STEP:
-            self.rank_local[window.run] = merge_baselines(self.rank_local.get(window.run), replication_baseline(window))
+            self.rank_local[window.run] = merge_baselines(
+                self.rank_local.get(window.run), replication_baseline(window, before_update=True))
         view = WindowView(window, self.rank_local.get(window.run), self.variable_counts.get(window.run),
                           self.ties.get(window.run))
         for template in self.templates:

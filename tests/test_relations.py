@@ -308,14 +308,28 @@ def test_rank_local_variables_are_not_judged_as_replicas():
     assert all(v.evidence["first"]["variable"] != "module.fc2.bias" for v in violations)
 
 
-def test_shards_built_from_one_seed_part_at_the_first_iteration_and_stay_unjudged():
-    """Step 0 is the setup window: experts initialised from one seed on every rank
-    agree there and part at their first update (step 1); they are still shards."""
+def test_shards_first_seen_at_the_first_iteration_differing_before_the_update_stay_unjudged():
+    """The setup window may snapshot nothing: experts initialised from their rank's seed
+    are first seen at step 1, already different before their first update."""
     inv = find("Consistent", scope="ranks", at="post:torch.optim.Optimizer.step", attr="data_digest")
     expert = _rank_local(list(SyntheticRun(run="moe", world=2, steps=5).batches()), {"module.fc2.bias"}, from_step=1)
     assert check([inv], expert) == []
     late = _rank_local(list(SyntheticRun(run="moe", world=2, steps=5).batches()), {"module.fc2.bias"}, from_step=2)
     assert [v.step for v in check([inv], late)] == [2, 3, 4]  # parting later is drift
+
+
+def test_a_replica_that_parts_at_its_first_update_is_reported_at_step_one():
+    """Differing only after the first update is a skipped all-reduce (a submodule called
+    outside its DDP wrapper from the start), not a shard."""
+    inv = find("Consistent", scope="ranks", at="post:torch.optim.Optimizer.step", attr="data_digest")
+    batches = list(SyntheticRun(run="outside", world=2, steps=4).batches())
+    for batch in batches:
+        for event in batch["events"]:
+            if event["kind"] == "state" and event["name"] == "module.fc2.bias" and batch["step"] >= 1 \
+                    and event["at"] != "pre:torch.optim.Optimizer.step" and not (
+                        batch["step"] == 1 and event["at"].startswith("pre:")):
+                event["attrs"]["data_digest"] = f"{event['attrs']['data_digest']}-r{batch['rank']}"
+    assert [v.step for v in check([inv], batches)] == [1, 2, 3]
 
 
 def test_replicas_never_synchronised_are_reported_from_step_zero():

@@ -12,7 +12,8 @@ from .contain import EventContain
 from .learned_writes import InitSparesLearned
 from .sequence import APISequence
 from .stable_variables import StableVariables
-from .stage_rules import AllRanksReport, APIAbsent, TrainingFlag
+from .stage_rules import AllRanksReport, APIAbsent
+from .training_flag import TrainingFlag
 
 TEMPLATES: dict[str, Template] = {
     t.relation: t

@@ -29,9 +29,9 @@ from typing import Any, Iterator, Mapping
 
 from ..window import FactPlan
 from .base import Site, Template
+from .view import WindowView, freeze
 
 #: words of argument names whose values come from an RNG (seeds, RNG-state digests)
-from .view import WindowView, freeze
 RNG_WORDS = ("seed", "rng", "random", "generator", "state_digest")
 
 

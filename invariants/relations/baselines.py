@@ -15,6 +15,8 @@ from typing import Any
 from .view import WindowView, freeze
 
 RANK_ATTRS = ("data_digest", "grad_digest", "shape", "dtype")
+#: the first iteration's snapshot of a variable before any update reached it
+BEFORE_FIRST_UPDATE = "pre:torch.optim.Optimizer.step"
 
 
 def latest_by_name(facts: dict[str, Any], at: str) -> dict[str, dict[str, Any]]:
@@ -55,7 +57,7 @@ def merge_baselines(earlier: dict[str, list[str]] | None, later: dict[str, list[
     return {attr: sorted(names) for attr, names in merged.items()}
 
 
-def replication_baseline(window: Any) -> dict[str, list[str]]:
+def replication_baseline(window: Any, *, before_update: bool = False) -> dict[str, list[str]]:
     """Variables that differ across ranks somewhere in step 0, when others never do.
 
     Expert-parallel experts and tensor-parallel shards carry the same names on every
@@ -64,6 +66,12 @@ def replication_baseline(window: Any) -> dict[str, list[str]]:
     across ranks (the replicated ones) and these do not.  When *nothing* agrees at
     step 0 the replicas were never synchronised — a bug the rule must still report —
     so no variable is exempted.  Returns attr -> sorted names.
+
+    ``before_update`` is for the first iteration (step 1), whose setup window may not
+    have snapshotted the variables at all: there only the snapshots taken before the
+    first update count.  A variable that differs across ranks *before* it was ever
+    updated was built that way (an expert initialised from its rank's seed); one that
+    parts at the update is what a skipped all-reduce looks like, and stays judged.
     """
     view = WindowView(window)
     ranks = view.ranks()
@@ -73,6 +81,8 @@ def replication_baseline(window: Any) -> dict[str, list[str]]:
     points: set[str] = set()
     for rank in ranks:
         points.update(view.facts(rank)["states"])
+    if before_update:
+        points &= {BEFORE_FIRST_UPDATE}
     # (name, its snapshots on the ranks holding it) per point, shared by every attribute
     columns: list[tuple[str, list[dict[str, Any]]]] = []
     for at in points:

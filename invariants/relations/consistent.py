@@ -32,7 +32,7 @@ from typing import Any, Iterator, Mapping
 from ..window import FactPlan
 from .base import Lazy, Site, Template
 from .view import WindowView, freeze
-from .baselines import RANK_ATTRS, latest_by_name
+from .baselines import BEFORE_FIRST_UPDATE, RANK_ATTRS, latest_by_name
 
 TIED_ATTRS = ("data_digest",)
 #: A digest shared by more variables than this is an initial constant (zeros/ones), not a tie.
@@ -267,6 +267,11 @@ class Consistent(Template):
         norm = "grad_norm" if params["attr"] == "grad_digest" else "data_norm"
         if params["scope"] == "aliases":
             return FactPlan(apis=set(), state_points={params["at"]}, state_attrs={params["attr"], "alias_of"})
+        if params["scope"] == "ranks" and params["attr"] == "data_digest":
+            # variables that differ before their first update are rank-local by
+            # construction (`baselines.replication_baseline`)
+            return FactPlan(apis=set(), state_points={params["at"], BEFORE_FIRST_UPDATE},
+                            state_attrs={"data_digest", "numel", norm, "parallel"})
         return FactPlan(apis=set(), state_points={params["at"]}, state_attrs={params["attr"], "numel", norm, "parallel"})
 
     def apis(self, params: Mapping[str, Any]) -> list[str]:
