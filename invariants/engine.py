@@ -98,9 +98,12 @@ class RunState:
 
 
 class Engine:
-    def __init__(self, invariant_set: InvariantSet, *, report_missing_ranks: bool = True) -> None:
+    def __init__(self, invariant_set: InvariantSet, *, report_missing_ranks: bool = True,
+                 plan: FactPlan | None = None) -> None:
+        """``plan``: the facts windows keep; the deployed set's needs unless given
+        (inference keeps everything, since any rule may be learned)."""
         self.invariant_set = invariant_set
-        self.plan: FactPlan = invariant_set.plan
+        self.plan: FactPlan = plan if plan is not None else invariant_set.plan
         self.report_missing_ranks = report_missing_ranks
 
     @property

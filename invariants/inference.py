@@ -93,7 +93,7 @@ class Inferencer:
         view = WindowView(window, self.rank_local.get(window.run), self.variable_counts.get(window.run),
                           self.ties.get(window.run))
         for template in self.templates:
-            if hasattr(template, "infer_observe"):
+            if template.custom_inference:
                 template.infer_observe(view, self.custom.setdefault(template.relation, {}))
                 continue
             relation = template.relation
@@ -138,8 +138,7 @@ class Inferencer:
         """
         self.traces += 1
         self.trace_windows.append(0)
-        engine = Engine(InvariantSet([]), report_missing_ranks=False)
-        engine.plan = FactPlan.everything()
+        engine = Engine(InvariantSet([]), report_missing_ranks=False, plan=FactPlan.everything())
         if sorted_by_step:
             windows = StepWindows.replay(engine, on_close=self.observe)
         else:
@@ -152,9 +151,8 @@ class Inferencer:
     def finish(self) -> list[Invariant]:
         found: dict[str, Invariant] = {}
         for template in self.templates:
-            if hasattr(template, "infer_finish"):
-                for inv in template.infer_finish(self.custom.get(template.relation, {})):
-                    found[inv.id] = inv
+            for inv in template.infer_finish(self.custom.get(template.relation, {})):
+                found[inv.id] = inv
         for (relation, family), evidence in self.boolean.items():
             self._emit(found, TEMPLATES[relation], family, None, evidence.positive, evidence.negative)
         for (relation, family, value), positive in self.values.items():

@@ -160,3 +160,15 @@ class Template:
 
     def violation_evidence(self, params: Mapping[str, Any], site: Site) -> dict[str, Any]:
         return site.get_evidence()
+
+    #: True for templates whose rules are not counted from sites but learned from
+    #: whole-run observations (`infer_observe` per window, `infer_finish` at the end):
+    #: "never after step K" needs the run's extent, not a per-site tally.
+    custom_inference = False
+
+    def infer_observe(self, view: WindowView, store: dict[str, Any]) -> None:
+        """Record what this window says about the template's run-level hypotheses."""
+
+    def infer_finish(self, store: dict[str, Any]) -> list[Any]:
+        """The invariants the observations of `infer_observe` support."""
+        return []

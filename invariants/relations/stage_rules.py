@@ -76,6 +76,8 @@ class APIAbsent(Template):
         return site.observed <= value
 
     # inference is not site-by-site: it needs the whole run's step range per stage
+    custom_inference = True
+
     def infer_observe(self, view: WindowView, store: dict[str, Any]) -> None:
         stage_max = store.setdefault("stage_max", {})
         api_steps = store.setdefault("api_steps", {})
@@ -185,6 +187,8 @@ class APIAbsent(Template):
 
 class AllRanksReport(Template):
     relation = "AllRanksReport"
+
+    custom_inference = True
 
     def infer_observe(self, view: WindowView, store: dict[str, Any]) -> None:
         store["windows"] = store.get("windows", 0) + 1
