@@ -21,10 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .events import PRODUCER_STATS_META, RUN_END_META, RUN_START_META
+
 if TYPE_CHECKING:
     from .window import WindowState
-
-OPTIMIZER_STEP_API = "torch.optim.Optimizer.step"
 
 #: Why a rank's window was not checked (per rank and window).  A fixed set: metric labels.
 MISSING_RANK = "missing_rank"  # the window closed without this rank's step end
@@ -52,13 +52,13 @@ def note_step_end(facts: dict[str, Any], event: Any) -> None:
 def note_meta(facts: dict[str, Any], event: Any) -> None:
     """Keep the producer's own account: run_end counts, dropped batches, snapshot sampling."""
     what = event.what
-    if what == "run_end":
+    if what == RUN_END_META:
         facts["run_end"] = [_count(event.iterations), _count(event.optimizer_steps)]
-    elif what == "producer_stats":
+    elif what == PRODUCER_STATS_META:
         dropped = _count(event.dropped_batches)
         if dropped:  # cumulative per process: the newest is the largest
             facts["dropped_batches"] = max(facts.get("dropped_batches", 0), dropped)
-    elif what == "run_start" and isinstance(event.config, dict):
+    elif what == RUN_START_META and isinstance(event.config, dict):
         every = _count(event.config.get("sample_every"))
         if every and every > 1:
             facts["sample_every"] = every

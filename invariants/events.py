@@ -48,10 +48,6 @@ EVENT_KINDS = frozenset({"call", "state", "step", "meta"})
 CALL_PHASES = frozenset({"pre", "post", "exc"})
 STEP_PHASES = frozenset({"begin", "end"})
 
-#: Stages a producer reports; other strings are allowed (user annotations) but these
-#: are the ones the shipped invariants speak about.
-KNOWN_STAGES = ("init", "train", "eval", "checkpoint", "end")
-
 #: The largest job a batch may declare.  Completeness checks and reports scale with
 #: the declared world size, so an absurd one (a bug or a hostile sender) is rejected
 #: here as ``bad_value`` instead of costing every consumer work and memory per rank.
@@ -209,14 +205,49 @@ def validate_batch(batch: Any) -> Batch:
     return batch
 
 
-#: The call a DataLoader worker reports its seeds with, and the meta event by which the
-#: rank that forked the workers announces them (see the ``meta`` kind above).
-WORKER_INIT_API = "torch.utils.data.worker_init"
-DATALOADER_WORKERS_META = "dataloader_workers"
+# Names on the wire.  Producers write them and the invariants match on them, so each
+# is defined here once: a name spelled differently on the two sides is a rule that
+# silently never fires.
+
+#: API families (the ``name`` of ``call`` events) that producers and checkers both
+#: single out: step boundaries, gradient clears, mode switches, forwards.
+OPTIMIZER_STEP = "torch.optim.Optimizer.step"
+OPTIMIZER_ZERO_GRAD = "torch.optim.Optimizer.zero_grad"
+MODULE_FORWARD = "torch.nn.Module.forward"
+MODULE_TRAIN = "torch.nn.Module.train"
+MODULE_EVAL = "torch.nn.Module.eval"
+MODULE_ZERO_GRAD = "torch.nn.Module.zero_grad"
+BACKWARD_APIS = frozenset({"torch.Tensor.backward", "torch.autograd.backward"})
+#: In-place writes on a parameter outside an optimizer step (see `producers.identity_hooks`).
+PARAM_OVERWRITE = "torch.Tensor.param_overwrite"
 #: Gradients cleared by user code without a ``zero_grad`` API (``p.grad = None``,
 #: ``p.grad.zero_()``): one call per iteration; ``clears`` as for ``Module.zero_grad``.
 GRAD_CLEAR_API = "torch.Tensor.grad_clear"
+#: The call a DataLoader worker reports its seeds with, and the meta event by which the
+#: rank that forked the workers announces them (see the ``meta`` kind above).
+WORKER_INIT_API = "torch.utils.data.worker_init"
+
+#: Optimizers are named ``opt<i>`` on the wire (``obj`` of their calls, ``clears`` of a
+#: ``zero_grad``), in the order the producer first saw them.
+OPTIMIZER_ID_PREFIX = "opt"
 
 
-def is_step_end(event: Event) -> bool:
-    return event.get("kind") == "step" and event.get("phase") == "end"
+def optimizer_id(index: int) -> str:
+    return f"{OPTIMIZER_ID_PREFIX}{index}"
+
+
+#: The ``vtype`` of a parameter's ``state`` event.
+PARAMETER_VTYPE = "torch.nn.Parameter"
+
+#: ``what`` of the ``meta`` events the checkers act on.
+RUN_START_META = "run_start"
+RUN_END_META = "run_end"
+PRODUCER_STATS_META = "producer_stats"
+DATALOADER_WORKERS_META = "dataloader_workers"
+
+#: Kafka topics (DESIGN §2) are a deployment's prefix followed by these names.
+DEFAULT_TOPIC_PREFIX = "trainwatch."
+EVENTS_TOPIC = "events"
+VIOLATIONS_TOPIC = "violations"
+STEP_SUMMARIES_TOPIC = "step-summaries"
+DEAD_LETTER_TOPIC = "dead-letter"

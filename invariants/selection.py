@@ -8,9 +8,8 @@ taken by the producer around the optimizer calls, so they pull those APIs in.
 
 from __future__ import annotations
 
+from .events import OPTIMIZER_STEP
 from .invariant_set import InvariantSet
-
-OPTIMIZER_STEP = "torch.optim.Optimizer.step"
 
 
 def needed_apis(invariant_set: InvariantSet) -> set[str]:

@@ -29,9 +29,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from .events import BACKWARD_APIS
 from .wire import payload, wire_types
-
-BACKWARD_APIS = frozenset({"torch.Tensor.backward", "torch.autograd.backward"})
 _PRE_STEP = "pre:torch.optim.Optimizer.step"
 _POST_STEP = "post:torch.optim.Optimizer.step"
 #: Snapshot attributes the summary reads: a checker's decoder must keep them.

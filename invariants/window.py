@@ -33,8 +33,8 @@ from typing import Any, Iterable
 
 import msgpack
 
-from .coverage import OPTIMIZER_STEP_API, note_meta, note_step_end
-from .events import DATALOADER_WORKERS_META, WORKER_INIT_API
+from .coverage import note_meta, note_step_end
+from .events import DATALOADER_WORKERS_META, OPTIMIZER_STEP, WORKER_INIT_API
 from .wire import UNSET, payload, wire_types
 
 #: Snapshot attributes worth keeping for preconditions and evidence, besides digests.
@@ -171,7 +171,7 @@ class WindowState:
                     reported = facts.setdefault("worker_pids", [])
                     if event.pid not in reported:
                         reported.append(event.pid)
-                elif api == OPTIMIZER_STEP_API and phase == "pre":  # coverage of producers without `trained`
+                elif api == OPTIMIZER_STEP and phase == "pre":  # coverage of producers without `trained`
                     facts["optimizer_steps"] = facts.get("optimizer_steps", 0) + 1
                 if keep_links and phase == "pre":
                     parent = event.parent

@@ -15,6 +15,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Mapping
 
+from invariants.events import DEFAULT_TOPIC_PREFIX, EVENTS_TOPIC
+
 from .selection import Selection, default_selection, load_selection
 
 ENV_RUN_ID = "TRAINWATCH_RUN_ID"
@@ -29,8 +31,6 @@ ENV_STATS_DIR = "TRAINWATCH_STATS_DIR"
 ENV_QUEUE_MAX = "TRAINWATCH_QUEUE_MAX"
 ENV_ENABLED = "TRAINWATCH_ENABLE"
 ENV_QUIET = "TRAINWATCH_QUIET"
-
-DEFAULT_TOPIC_PREFIX = "trainwatch."
 
 
 def make_run_id(hint: str | None = None) -> str:
@@ -58,7 +58,7 @@ class ProducerConfig:
 
     @property
     def events_topic(self) -> str:
-        return f"{self.topic_prefix}events"
+        return f"{self.topic_prefix}{EVENTS_TOPIC}"
 
     def with_defaults(self) -> "ProducerConfig":
         """No sink configured at all means: trace files under ./traces/<run>."""

@@ -16,8 +16,9 @@ from typing import Any
 
 import torch
 
+from invariants.events import MODULE_FORWARD
+
 from .module_facts import first_forward_context
-from .selection import MODULE_FORWARD
 from .stages import real_model, stage_of
 from .summaries import summarize
 

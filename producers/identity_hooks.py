@@ -25,10 +25,11 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
+from invariants.events import PARAM_OVERWRITE
+
 from .grad_clears import grad_property, hand_clear_allowed
 from .ownership import deliberate_reset
 from .patching import patch_attribute, patch_property
-from .selection import PARAM_OVERWRITE
 
 if TYPE_CHECKING:
     from .tracer import Tracer

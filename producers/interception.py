@@ -19,15 +19,9 @@ from typing import Any, Callable
 import torch
 from torch.overrides import TorchFunctionMode, resolve_name
 
-from invariants.events import GRAD_CLEAR_API
-
-from .identity_hooks import install_identity_hooks
-from .worker_hooks import patch_worker_loop, patch_worker_start
-from .patching import PatchHandle, patch_attribute
-from .selection import (
-    COLLECTIVES,
-    DROPOUT_FUNCTIONS,
-    INIT_FUNCTIONS,
+from invariants.events import (
+    BACKWARD_APIS,
+    GRAD_CLEAR_API,
     MODULE_EVAL,
     MODULE_FORWARD,
     MODULE_TRAIN,
@@ -35,9 +29,14 @@ from .selection import (
     OPTIMIZER_STEP,
     OPTIMIZER_ZERO_GRAD,
     PARAM_OVERWRITE,
-    WORKER_INIT,
-    Selection,
+    WORKER_INIT_API,
+    optimizer_id,
 )
+
+from .identity_hooks import install_identity_hooks
+from .worker_hooks import patch_worker_loop, patch_worker_start
+from .patching import PatchHandle, patch_attribute
+from .selection import COLLECTIVES, DROPOUT_FUNCTIONS, INIT_FUNCTIONS, Selection
 from .tracer import Tracer
 
 
@@ -86,7 +85,7 @@ WRAP_SPECS: tuple[WrapSpec, ...] = (
     ),
 )
 WRAPPED_APIS = frozenset(spec.api for spec in WRAP_SPECS)
-HOOKED_APIS = frozenset({OPTIMIZER_STEP, MODULE_FORWARD, WORKER_INIT, PARAM_OVERWRITE})
+HOOKED_APIS = frozenset({OPTIMIZER_STEP, MODULE_FORWARD, WORKER_INIT_API, PARAM_OVERWRITE})
 INIT_PROCESS_GROUP = "torch.distributed.init_process_group"
 
 
@@ -131,7 +130,7 @@ MODE_FLAGS = frozenset({"training"})
 
 #: APIs whose calls shape windows and stages: wrapped even when not recorded
 BOUNDARY_APIS = frozenset(
-    {OPTIMIZER_ZERO_GRAD, MODULE_ZERO_GRAD, MODULE_TRAIN, MODULE_EVAL, "torch.Tensor.backward", "torch.autograd.backward"}
+    {OPTIMIZER_ZERO_GRAD, MODULE_ZERO_GRAD, MODULE_TRAIN, MODULE_EVAL, *BACKWARD_APIS}
 )
 MODE_APIS = frozenset({MODULE_TRAIN, MODULE_EVAL})
 
@@ -203,7 +202,7 @@ def _begin(
             optimizer = args[0]
             index = tracer.registry.add_optimizer(optimizer)
             tracer.ownership.optimizer_seen(optimizer, index)
-            extra = {"obj": f"opt{index}"}
+            extra = {"obj": optimizer_id(index)}
         elif isinstance(args[0], torch.autocast):
             call_args.update(_autocast_args(args[0]))
     else:

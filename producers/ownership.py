@@ -22,6 +22,8 @@ from typing import Callable, Iterable
 
 import torch
 
+from invariants.events import optimizer_id
+
 
 def optimizer_param_ids(optimizer: torch.optim.Optimizer) -> frozenset[int]:
     return frozenset(id(p) for group in optimizer.param_groups for p in group.get("params", ()))
@@ -75,7 +77,7 @@ class ParameterOwnership:
             return []
         held = {id(p) for p in module.parameters()}
         return [
-            f"opt{index}"
+            optimizer_id(index)
             for index, (ref, params) in sorted(self._optimizers.items())
             if params and ref() is not None and params <= held
         ]
@@ -86,7 +88,7 @@ class ParameterOwnership:
         for index, (ref, _) in sorted(self._optimizers.items()):
             optimizer = ref()
             if optimizer is not None:
-                alive.append((f"opt{index}", [p for group in optimizer.param_groups for p in group.get("params", ())]))
+                alive.append((optimizer_id(index), [p for group in optimizer.param_groups for p in group.get("params", ())]))
         return alive
 
     def known_parameters(self) -> list[torch.Tensor]:

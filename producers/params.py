@@ -19,11 +19,11 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
+from invariants.events import optimizer_id
+
 from .digest import skip_reason, tensor_digests
 from .summaries import device_name as _device_name
 from .summaries import tensor_layout as _layout
-
-PARAMETER_VTYPE = "torch.nn.Parameter"
 
 
 @dataclass(frozen=True)
@@ -153,11 +153,11 @@ class ParameterRegistry:
 
     def _index_optimizer(self, optimizer: torch.optim.Optimizer, index: int) -> None:
         for group_index, group in enumerate(optimizer.param_groups):
-            holder = f"opt{index}.g{group_index}"
+            holder = f"{optimizer_id(index)}.g{group_index}"
             for param_index, param in enumerate(group.get("params", ())):
                 existing = self._by_id.get(id(param))
                 if existing is None:
-                    name = f"opt{index}.g{group_index}.p{param_index}"
+                    name = f"{holder}.p{param_index}"
                     self._by_id[id(param)] = ParamEntry(name, param, None, None, holder=holder)
                     # A parameter no root named yet: modules may have been swapped.
                     self.stale = True

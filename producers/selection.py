@@ -21,17 +21,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from invariants.events import GRAD_CLEAR_API
-
-OPTIMIZER_STEP = "torch.optim.Optimizer.step"
-OPTIMIZER_ZERO_GRAD = "torch.optim.Optimizer.zero_grad"
-MODULE_FORWARD = "torch.nn.Module.forward"
-MODULE_TRAIN = "torch.nn.Module.train"
-MODULE_EVAL = "torch.nn.Module.eval"
-MODULE_ZERO_GRAD = "torch.nn.Module.zero_grad"
-WORKER_INIT = "torch.utils.data.worker_init"
-#: in-place writes on a parameter outside an optimizer step (see `producers.identity_hooks`)
-PARAM_OVERWRITE = "torch.Tensor.param_overwrite"
+from invariants.events import (
+    BACKWARD_APIS,
+    GRAD_CLEAR_API,
+    MODULE_EVAL,
+    MODULE_FORWARD,
+    MODULE_TRAIN,
+    MODULE_ZERO_GRAD,
+    OPTIMIZER_STEP,
+    OPTIMIZER_ZERO_GRAD,
+    PARAM_OVERWRITE,
+    WORKER_INIT_API,
+)
 
 DROPOUT_FUNCTIONS = (
     "torch.nn.functional.dropout",
@@ -66,14 +67,13 @@ DEFAULT_APIS: frozenset[str] = frozenset(
         MODULE_TRAIN,
         MODULE_EVAL,
         MODULE_FORWARD,
-        "torch.Tensor.backward",
-        "torch.autograd.backward",
+        *BACKWARD_APIS,
         "torch.nn.utils.clip_grad_norm_",
         "torch.autocast.__enter__",
         "torch.save",
         "torch.optim.lr_scheduler.LRScheduler.step",
         "torch.manual_seed",
-        WORKER_INIT,
+        WORKER_INIT_API,
         PARAM_OVERWRITE,
         *DROPOUT_FUNCTIONS,
         *INIT_FUNCTIONS,

@@ -18,6 +18,8 @@ from typing import Any, Iterator
 
 import torch
 
+from invariants.events import RUN_START_META
+
 from . import runtime
 from .config import ProducerConfig
 from .interception import install
@@ -74,7 +76,7 @@ class Session:
             sample_every=config.sample_every,
             stats_source=self.delivery_stats,
         )
-        self.tracer.record_meta("run_start", **self._run_metadata())
+        self.tracer.record_meta(RUN_START_META, **self._run_metadata())
         runtime.activate(self)
         try:
             self._handles = install(self.tracer, config.selection, self._update_rank)

@@ -21,18 +21,27 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from .iterations import Boundary, IterationTracker
-from invariants.events import GRAD_CLEAR_API
+from invariants.events import (
+    BACKWARD_APIS,
+    GRAD_CLEAR_API,
+    MODULE_ZERO_GRAD,
+    OPTIMIZER_STEP,
+    OPTIMIZER_ZERO_GRAD,
+    PARAM_OVERWRITE,
+    PRODUCER_STATS_META,
+    RUN_END_META,
+    optimizer_id,
+)
 
+from .iterations import Boundary, IterationTracker
 from .grad_clears import HandClears
-from .selection import INIT_FUNCTIONS, MODULE_ZERO_GRAD, OPTIMIZER_STEP, OPTIMIZER_ZERO_GRAD, PARAM_OVERWRITE
+from .selection import INIT_FUNCTIONS
 from .steps import OptimizerCycle
 
 if TYPE_CHECKING:
     from .tracer import CallToken
 
 ZERO_GRAD_APIS = frozenset({OPTIMIZER_ZERO_GRAD, MODULE_ZERO_GRAD})
-BACKWARD_APIS = frozenset({"torch.Tensor.backward", "torch.autograd.backward"})
 SETUP_APIS = frozenset({*INIT_FUNCTIONS, PARAM_OVERWRITE})
 REFRESH_EVERY_STEPS = 16
 
@@ -187,7 +196,7 @@ class StepBoundaries:
         # by design: it is recorded, but not bracketed by snapshots that rules about
         # updates would judge.  ``trained`` is false at an optimizer's first step.
         index = self.registry.add_optimizer(optimizer)
-        name = f"opt{index}"
+        name = optimizer_id(index)
         cleared = name in self._cleared_since_step
         self._cleared_since_step.discard(name)
         token = self.begin_call(
@@ -251,7 +260,7 @@ class StepBoundaries:
         if self._stats_source is not None and (
             final or (self.recorder.step + 1) % self.stats_every_steps == 0
         ):
-            before_end.append(self._event("meta", what="producer_stats", **self._stats_source()))
+            before_end.append(self._event("meta", what=PRODUCER_STATS_META, **self._stats_source()))
         fields: dict[str, Any] = {"phase": "end"}
         if setup:
             fields["setup"] = True
@@ -295,7 +304,7 @@ class StepBoundaries:
         trained = self.loop.window_ended()
         self.recorder.append(
             self._event(
-                "meta", what="run_end", iterations=self.loop.iterations,
+                "meta", what=RUN_END_META, iterations=self.loop.iterations,
                 optimizer_steps=self.loop.optimizer_steps, **meta,
             )
         )

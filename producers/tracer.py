@@ -28,13 +28,22 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from invariants.events import (
+    MODULE_FORWARD,
+    MODULE_ZERO_GRAD,
+    OPTIMIZER_STEP,
+    OPTIMIZER_ZERO_GRAD,
+    PARAMETER_VTYPE,
+    WORKER_INIT_API,
+)
+
 from .module_facts import FirstForwards
-from .params import PARAMETER_VTYPE, SnapshotMemo, ParameterRegistry, snapshot_attrs
+from .params import SnapshotMemo, ParameterRegistry, snapshot_attrs
 from .recorder import StepRecorder
 from .ownership import ParameterOwnership
-from .selection import MODULE_FORWARD, MODULE_ZERO_GRAD, OPTIMIZER_STEP, OPTIMIZER_ZERO_GRAD, WORKER_INIT, Selection
+from .selection import Selection
 from .ownership import deliberate_reset
-from .stages import holds_model, real_model, stage_of
+from .stages import holds_model, stage_of
 from .forward_hooks import ForwardHooks
 from .stepping import StepBoundaries
 from .summaries import summarize
@@ -364,7 +373,7 @@ class Tracer(StepBoundaries, ForwardHooks):
         event = self._event(
             "call",
             name="torch.utils.data._utils.worker._worker_loop",
-            api=WORKER_INIT,
+            api=WORKER_INIT_API,
             phase="post",
             cid=next(self._cids),
             parent=None,

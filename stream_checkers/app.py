@@ -37,7 +37,7 @@ from typing import Any, Callable, TextIO
 
 import msgpack
 
-from invariants.events import SchemaError
+from invariants.events import PRODUCER_STATS_META, SchemaError
 from invariants.step_summary import StepSummary
 from invariants.trends import TrendRules
 
@@ -178,7 +178,7 @@ class StreamChecker:
             # events are in emission order: the last one is the producer's newest
             self.metrics.event_time(run, events[-1].t)
         for event in events:
-            if event.KIND == "meta" and event.what == "producer_stats":
+            if event.KIND == "meta" and event.what == PRODUCER_STATS_META:
                 self.metrics.producer_stats(run, (rank, event.pid), event.stats())
 
     # ------------------------------------------------------------------ windows

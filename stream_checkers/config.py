@@ -14,7 +14,14 @@ import ssl
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-DEFAULT_TOPIC_PREFIX = "trainwatch."
+from invariants.events import (
+    DEAD_LETTER_TOPIC,
+    DEFAULT_TOPIC_PREFIX,
+    EVENTS_TOPIC,
+    STEP_SUMMARIES_TOPIC,
+    VIOLATIONS_TOPIC,
+)
+
 DEFAULT_PARTITIONS = 4
 #: How long a step window waits for a rank that has not reported it.  Windows close as
 #: soon as every rank reported, so this only delays the verdict on a rank that is really
@@ -88,19 +95,19 @@ class TopicNames:
 
     @property
     def events(self) -> str:
-        return f"{self.prefix}events"
+        return f"{self.prefix}{EVENTS_TOPIC}"
 
     @property
     def violations(self) -> str:
-        return f"{self.prefix}violations"
+        return f"{self.prefix}{VIOLATIONS_TOPIC}"
 
     @property
     def step_summaries(self) -> str:
-        return f"{self.prefix}step-summaries"
+        return f"{self.prefix}{STEP_SUMMARIES_TOPIC}"
 
     @property
     def dead_letter(self) -> str:
-        return f"{self.prefix}dead-letter"
+        return f"{self.prefix}{DEAD_LETTER_TOPIC}"
 
     @property
     def window_ticks(self) -> str:

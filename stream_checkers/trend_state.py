@@ -14,6 +14,7 @@ from typing import Any
 
 import msgpack
 
+from invariants.events import RUN_END_META, RUN_START_META
 from invariants.trends import TrendMonitor, TrendRules
 
 #: Quiet steps are persisted every this many summaries; steps with an alert or a run
@@ -57,8 +58,8 @@ def apply_lifecycle(live: set[int], lifecycle: Iterable[Any]) -> bool:
     changed = False
     for rank, what in lifecycle:
         changed = True
-        if what == "run_start":
+        if what == RUN_START_META:
             live.add(int(rank))
-        elif what == "run_end":
+        elif what == RUN_END_META:
             live.discard(int(rank))
     return changed

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Mapping
 
+from ..events import MODULE_FORWARD
 from ..window import FactPlan
 from .base import Lazy, Site, Template
 
@@ -41,7 +42,6 @@ CONSTANT_PROPS = ("dtype",)
 #: ``batch`` is the leading dimension: preprocessing may pad or crop, never drop samples
 INPUT_PROPS = ("shape", "dtype", "batch")
 BOUND_WORDS = ("max", "limit")
-MODULE_FORWARD = "torch.nn.Module.forward"
 #: keyword arguments that bound the length of generated token sequences in any pipeline
 GENERATION_BUDGETS = frozenset({"max_new_tokens", "max_length", "max_len", "max_tokens", "max_gen_len"})
 #: the least rank of an input that holds a batch (samples x features)

@@ -21,11 +21,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..events import GRAD_CLEAR_API
+from ..events import GRAD_CLEAR_API, MODULE_ZERO_GRAD, OPTIMIZER_ID_PREFIX, OPTIMIZER_ZERO_GRAD
 
-OPTIMIZER_ZERO_GRAD = "torch.optim.Optimizer.zero_grad"
-MODULE_ZERO_GRAD = "torch.nn.Module.zero_grad"
-OPTIMIZER_ID_PREFIX = "opt"
 #: calls that clear gradients of a set of parameters and say which optimizers' (``clears``)
 CLEARING_APIS = frozenset({MODULE_ZERO_GRAD, GRAD_CLEAR_API})
 

@@ -40,16 +40,22 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Mapping
 
-from ..events import GRAD_CLEAR_API
+from ..events import (
+    GRAD_CLEAR_API,
+    MODULE_EVAL,
+    MODULE_FORWARD,
+    MODULE_TRAIN,
+    MODULE_ZERO_GRAD,
+    OPTIMIZER_STEP,
+    OPTIMIZER_ZERO_GRAD,
+)
 from ..window import FactPlan
 from .base import Site, Template
 from .view import WindowView
-from .identity import MODULE_ZERO_GRAD, OPTIMIZER_ZERO_GRAD, call_facts, same_objects
+from .identity import call_facts, same_objects
 
 MAX_CALLS_PER_WINDOW = 4
-MODE_SWITCHES = frozenset({"torch.nn.Module.train", "torch.nn.Module.eval"})
-MODULE_FORWARD = "torch.nn.Module.forward"
-OPTIMIZER_STEP = "torch.optim.Optimizer.step"
+MODE_SWITCHES = frozenset({MODULE_TRAIN, MODULE_EVAL})
 #: step 0 is the setup window, step 1 the first training iteration
 FIRST_ITERATION_STEP = 1
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Iterator, Mapping
 
+from ..events import WORKER_INIT_API
 from ..model import Invariant
 from ..window import FactPlan
 from .base import Site, Template
@@ -34,8 +35,7 @@ from .view import WindowView
 
 #: Called in DataLoader worker processes: its stage is wherever the loader's iterator
 #: was created, which differs between pipelines, so stage rules about it are noise.
-WORKER_APIS = frozenset({"torch.utils.data.worker_init"})
-MODULE_FORWARD = "torch.nn.Module.forward"
+WORKER_APIS = frozenset({WORKER_INIT_API})
 #: An API called in more distinct steps than this is not a one-off API.
 ONE_OFF_MAX_STEPS = 2
 #: The stage must go on at least this many steps past the API's last use.

@@ -25,9 +25,10 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Mapping
 
+from ..events import MODULE_FORWARD
 from ..window import FactPlan
 from .base import Site, Template
-from .stage_rules import MODULE_FORWARD, calls_of
+from .stage_rules import calls_of
 from .view import WindowView
 
 #: Spectral-norm implementations whose estimate is only refined by training-mode forwards.

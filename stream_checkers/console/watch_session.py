@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from invariants.coverage_text import describe_totals, nothing_checked_line, training_iterations
+from invariants.events import DEFAULT_TOPIC_PREFIX
 
-from ..config import DEFAULT_GRACE_SECONDS
+from ..config import DEFAULT_GRACE_SECONDS, TopicNames
 from ..coverage_metrics import totals_from_samples
 from .violation_follower import ViolationFollower
 from .supervisor import CheckerProcess, metric
@@ -47,7 +48,7 @@ class WatchOptions:
     trace_dir: str | None = None
     grace_seconds: float = DEFAULT_GRACE_SECONDS
     partitions: int = 4
-    topic_prefix: str = "trainwatch."
+    topic_prefix: str = DEFAULT_TOPIC_PREFIX
     drain_timeout_s: float = 60.0
     extra_collect_args: list[str] = field(default_factory=list)
     #: print only the first violation of each invariant and sparse reminders
@@ -105,7 +106,7 @@ class WatchSession:
                 self.say(f"the checker did not start: {exc}")
                 return EXIT_USAGE
             self._header(bootstrap, checker)
-            self.follower = ViolationFollower(bootstrap, f"{o.topic_prefix}violations", o.run_id, self.out,
+            self.follower = ViolationFollower(bootstrap, TopicNames(o.topic_prefix).violations, o.run_id, self.out,
                                              fold_repeats=o.fold_repeats)
             self.follower.start()
             try:

@@ -25,6 +25,7 @@ from typing import Any
 
 import msgpack
 
+from invariants.events import RUN_END_META, RUN_START_META
 from invariants.step_summary import StepSummaryBuilder
 
 from ..engine_port import EnginePort
@@ -100,7 +101,7 @@ class _Cache:
 def lifecycle_marks(events: list[Any]) -> list[str]:
     """The run_start/run_end announcements in a batch, in order."""
     return [event.what for event in events
-            if event.KIND == "meta" and event.what in ("run_start", "run_end")]
+            if event.KIND == "meta" and event.what in (RUN_START_META, RUN_END_META)]
 
 
 class WindowLifecycle:

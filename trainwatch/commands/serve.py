@@ -11,6 +11,8 @@ import argparse
 import os
 import sys
 
+from invariants.events import DEFAULT_TOPIC_PREFIX
+
 EXIT_USAGE = 2
 
 
@@ -35,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="partitions of the events topic and tables (default: %(default)s; env TRAINWATCH_PARTITIONS)")
     parser.add_argument("--grace-seconds", type=float, default=_env("GRACE_SECONDS", "3"),
                         help="close a window this long after its last batch (default: %(default)s s; env TRAINWATCH_GRACE_SECONDS)")
-    parser.add_argument("--topic-prefix", default=_env("TOPIC_PREFIX", "trainwatch."),
+    parser.add_argument("--topic-prefix", default=_env("TOPIC_PREFIX", DEFAULT_TOPIC_PREFIX),
                         help="topic name prefix (default: %(default)s; env TRAINWATCH_TOPIC_PREFIX)")
     parser.add_argument("--app-id", default=_env("APP_ID", "trainwatch-checker"),
                         help="consumer group / Faust app id shared by cooperating workers (default: %(default)s; env TRAINWATCH_APP_ID)")

@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 
+from invariants.events import DEFAULT_TOPIC_PREFIX
 from stream_checkers.config import DEFAULT_GRACE_SECONDS
 
 EXIT_USAGE = 2
@@ -38,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--every-violation", action="store_true",
                         help="print every violation as it arrives (default: the first of each invariant in full, "
                              "then reminders at 2, 4, 8, ... violating steps, and a roll-up at the end)")
-    parser.add_argument("--topic-prefix", default=os.environ.get("TRAINWATCH_TOPIC_PREFIX", "trainwatch."),
+    parser.add_argument("--topic-prefix", default=os.environ.get("TRAINWATCH_TOPIC_PREFIX", DEFAULT_TOPIC_PREFIX),
                         help="Kafka topic prefix (default: $TRAINWATCH_TOPIC_PREFIX, else trainwatch.)")
 
 
