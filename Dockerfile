@@ -19,6 +19,7 @@ COPY invariants ./invariants
 COPY producers ./producers
 COPY stream_checkers ./stream_checkers
 COPY trainwatch ./trainwatch
+COPY trainwatch_version.py ./
 RUN python -m venv /opt/trainwatch \
  && /opt/trainwatch/bin/pip install --upgrade pip \
  && /opt/trainwatch/bin/pip install . \

@@ -19,6 +19,7 @@ from typing import Any, Iterator
 import torch
 
 from invariants.events import RUN_START_META
+from trainwatch_version import version
 
 from . import runtime
 from .config import ProducerConfig
@@ -166,11 +167,9 @@ class Session:
 
     # -- reporting ------------------------------------------------------------------
     def _run_metadata(self) -> dict[str, Any]:
-        from trainwatch import __version__
-
         return {
             "versions": {
-                "trainwatch": __version__,
+                "trainwatch": version(),
                 "torch": torch.__version__,
                 "python": platform.python_version(),
             },

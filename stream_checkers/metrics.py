@@ -20,7 +20,7 @@ from typing import Any, Callable, Hashable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from trainwatch import __version__
+from trainwatch_version import version
 
 from .coverage_metrics import CoverageMetrics
 from .run_retention import RunRetention
@@ -140,7 +140,7 @@ class CheckerMetrics:
             "trainwatch_build_info", "Always 1; the label carries the checker version.",
             ["version"], registry=registry,
         )
-        self.build_info.labels(version=__version__).set(1)
+        self.build_info.labels(version=version()).set(1)
         self.coverage = CoverageMetrics(registry)
         self._dropped_events = CumulativeToIncrements()
         self._dropped_batches = CumulativeToIncrements()

@@ -237,6 +237,9 @@ def test_checker_image_gets_every_package_and_no_torch():
     for package in packages:
         assert f"COPY {package} ./{package}" in dockerfile, f"Dockerfile does not copy {package}/"
         assert f"!{package}/" in allowed, f".dockerignore excludes {package}/"
+    for module in project["tool"]["setuptools"].get("py-modules", []):
+        assert f"COPY {module}.py ./" in dockerfile, f"Dockerfile does not copy {module}.py"
+        assert f"!{module}.py" in allowed, f".dockerignore excludes {module}.py"
     assert 'ENTRYPOINT ["trainwatch"]' in dockerfile and 'CMD ["serve"]' in dockerfile
     assert "\nUSER trainwatch\n" in dockerfile  # not root
 

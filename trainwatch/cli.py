@@ -13,7 +13,7 @@ import importlib
 import sys
 from typing import Sequence
 
-from . import __version__
+from trainwatch_version import version
 
 SUBCOMMANDS: dict[str, str] = {
     "collect": "run a training command under instrumentation, writing traces and/or streaming events",
@@ -35,7 +35,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="trainwatch", description="Catch silent errors in PyTorch training while the job runs.")
-    parser.add_argument("--version", action="version", version=f"trainwatch {__version__}")
+    parser.add_argument("--version", action="version", version=f"trainwatch {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for name, help_text in SUBCOMMANDS.items():
