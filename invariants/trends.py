@@ -49,17 +49,6 @@ from typing import Any, Mapping
 
 from .step_summary import StepSummary
 
-RULES = (
-    "nonfinite_loss",
-    "nonfinite_gradients",
-    "loss_spike",
-    "loss_not_decreasing",
-    "exploding_gradient",
-    "vanishing_gradient",
-    "update_ratio",
-)
-
-
 @dataclass(frozen=True)
 class TrendRules:
     """Thresholds; the defaults follow SageMaker Debugger's built-in rules, except the robust loss spike."""

@@ -21,7 +21,6 @@ Meta and fake tensors have no data; they get ``None`` and a reason.
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -40,13 +39,6 @@ _SECOND_SEED = 0x2545F4914F6CDD1D
 _DEVICE_CHUNK = 1 << 21
 
 _INT_BY_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-@dataclass(frozen=True)
-class DigestSkip:
-    """Why a tensor has no digest (reported next to the ``None``)."""
-
-    reason: str
 
 
 _PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)

@@ -187,10 +187,6 @@ class ParameterRegistry:
             entries.extend(alias for alias in self._aliases if id(alias.param) in mine)
         return entries
 
-    @property
-    def has_parameters(self) -> bool:
-        return bool(self._by_id)
-
 
 def _norms(tensors: Sequence[torch.Tensor | None]) -> list[float | None]:
     """Euclidean norms of float tensors: one fused kernel and one host transfer per (device, dtype)."""

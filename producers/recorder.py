@@ -141,9 +141,6 @@ class StepRecorder:
         for sink in self.sinks:
             sink.write(batch, payload)
 
-    def sink_stats(self) -> dict[str, SinkStats]:
-        return {sink.name: sink.stats() for sink in self.sinks}
-
     def wait_delivered(self, timeout_s: float) -> bool:
         """Block (at most ``timeout_s``) until the sinks delivered what was flushed."""
         deadline = time.monotonic() + timeout_s
@@ -182,7 +179,3 @@ def _sanitised(batch: Batch) -> Batch:
         return repr(value)[:200]
 
     return clean(batch)
-
-
-def process_identity() -> tuple[int, int]:
-    return os.getpid(), threading.get_native_id()
