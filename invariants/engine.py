@@ -60,10 +60,6 @@ class RunState:
         #: [alias, primary] pairs of tied variables at step 0 (Consistent scope "aliases")
         self.ties: list[list[str]] = []
 
-    @property
-    def highest_closed(self) -> int:
-        return max(self.closed_above) if self.closed_above else self.closed_below - 1
-
     def is_closed(self, step: int) -> bool:
         """A batch for a closed step is late: the caller counts it and drops it."""
         return step < self.closed_below or step in self.closed_above

@@ -29,7 +29,7 @@ Kept per rank:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 import msgpack
 
@@ -333,14 +333,3 @@ class WindowState:
 def sorted_calls(facts: dict[str, Any]) -> list[dict[str, Any]]:
     """A rank's calls in emission order, whatever order its batches arrived in."""
     return sorted(facts["calls"], key=lambda c: (c["o"][0], c["o"][1]))
-
-
-def ancestors(key: str, facts: dict[str, Any]) -> Iterable[str]:
-    """Keys of the calls enclosing ``key`` (innermost first), using the links map."""
-    links = facts.get("links") or {}
-    seen = 0
-    parent = links.get(key)
-    while parent is not None and seen < 64:
-        yield parent
-        parent = links.get(parent)
-        seen += 1

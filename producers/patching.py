@@ -58,7 +58,6 @@ def patch_attribute(owner: Any, attr: str, make_wrapper: Callable[[Callable[...,
             return inner(*args, **kwargs)
         return original(*args, **kwargs)
 
-    replacement.__trainwatch_original__ = original  # type: ignore[attr-defined]
     setattr(owner, attr, replacement)
     return PatchHandle(owner, attr, original, replacement, switch)
 

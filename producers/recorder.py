@@ -12,24 +12,21 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from invariants.codec import encode_batch
 from invariants.events import Batch, Event, make_batch
 
-from .sinks import Sink, SinkStats
+from .sinks import Sink
 
 
 @dataclass
 class RecorderCounters:
-    """What this process produced, for summaries and ``producer_stats``."""
+    """What this process produced, for its summary."""
 
-    steps_ended: int = 0
     batches: int = 0
     events: int = 0
-    encode_errors: int = 0
-    sinks: dict[str, SinkStats] = field(default_factory=dict)
 
 
 class StepRecorder:
@@ -111,7 +108,6 @@ class StepRecorder:
             self._buffer = ([next_begin] if next_begin is not None else []) + carried
             self._flushed_in_step = 0
             self.step += 1
-            self.counters.steps_ended += 1
 
     def flush_partial(self) -> None:
         """Ship what is buffered without ending the step (e.g. before a fork)."""
@@ -134,7 +130,6 @@ class StepRecorder:
         try:
             payload = encode_batch(batch)
         except Exception:  # an unencodable summary must not take the step down with it
-            self.counters.encode_errors += 1
             payload = encode_batch(_sanitised(batch))
         self.counters.batches += 1
         self.counters.events += len(events)

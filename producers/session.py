@@ -84,7 +84,6 @@ class Session:
         except BaseException:
             runtime.deactivate(self)
             raise
-        self._close_at_exit = close_at_exit
         self._term_handle: TermHandle | None = None
         if close_at_exit:
             runtime.register_exit(self.close)

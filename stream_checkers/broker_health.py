@@ -53,9 +53,6 @@ class BrokerHealth:
     def bootstrap(self) -> str:
         return ",".join(self.bootstrap_servers)
 
-    def down_for_s(self) -> float:
-        return 0.0 if self.up else self.clock() - self.since
-
     async def probe(self) -> bool:
         """Ask the cluster for its metadata once; record and return whether it answered."""
         try:

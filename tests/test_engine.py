@@ -109,9 +109,8 @@ def test_run_state_watermark_and_bytes():
         state.mark_closed(step)
     assert state.closed_below == 3 and state.closed_above == {5}
     assert state.is_closed(1) and state.is_closed(5) and not state.is_closed(4)
-    assert state.highest_closed == 5
     copy = RunState.from_bytes(state.to_bytes())
-    assert copy.closed_below == 3 and copy.closed_above == {5} and copy.highest_closed == 5
+    assert copy.closed_below == 3 and copy.closed_above == {5}
 
 
 def test_window_keeps_only_planned_facts():

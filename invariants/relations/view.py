@@ -19,8 +19,8 @@ Record = dict[str, Any]
 #: (`stage_rules.TrainingFlag`) reads them, and as precondition fields they would only
 #: split every other rule's step-0 examples into new shapes.
 FIRST_FORWARD_FACTS = frozenset({"first_forward", "spectral_norm", "spectral_norm_refined"})
-#: How many enclosing calls are followed up the links map (the bound `window.ancestors`
-#: uses too): a malformed, cyclic map must not loop forever.
+#: How many enclosing calls are followed up the links map: a malformed, cyclic map
+#: must not loop forever.
 MAX_CALL_DEPTH = 64
 #: grad_norm / data_norm above which an optimizer step is expected to move float32 weights
 SIGNIFICANT_GRAD_RATIO = 1e-4
@@ -123,8 +123,7 @@ class WindowView:
                     if call.get("parent"):
                         cached.setdefault(call["parent"], []).append(call)
                     continue
-                # the enclosing calls, innermost first (as `window.ancestors`, inlined: this
-                # walks every call of the rank)
+                # the enclosing calls, innermost first
                 parent, depth = links.get(call["key"]), 0
                 while parent is not None and depth < MAX_CALL_DEPTH:
                     group = cached.get(parent)

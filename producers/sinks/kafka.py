@@ -86,7 +86,6 @@ class KafkaSink:
         self._thread: threading.Thread | None = None
         self._on_client_created = on_client_created
         self._backoff_min, self._backoff_max = backoff_s
-        self.connect_errors = 0
         self.last_error: str | None = None
         self._closed = False
         self._close_deadline = float("inf")  # set by `close`: the sender's shutdown ends by then
@@ -260,7 +259,6 @@ class KafkaSink:
                     producer = self._connect()
                     backoff = self._backoff_min
                 except Exception as exc:  # NoBrokersAvailable, auth errors, DNS...
-                    self.connect_errors += 1
                     self.last_error = f"{type(exc).__name__}: {exc}"
                     next_attempt = time.monotonic() + backoff
                     backoff = min(backoff * 2, self._backoff_max)
