@@ -217,7 +217,9 @@ MODULE_FORWARD = "torch.nn.Module.forward"
 MODULE_TRAIN = "torch.nn.Module.train"
 MODULE_EVAL = "torch.nn.Module.eval"
 MODULE_ZERO_GRAD = "torch.nn.Module.zero_grad"
-BACKWARD_APIS = frozenset({"torch.Tensor.backward", "torch.autograd.backward"})
+TENSOR_BACKWARD = "torch.Tensor.backward"
+AUTOGRAD_BACKWARD = "torch.autograd.backward"
+BACKWARD_APIS = frozenset({TENSOR_BACKWARD, AUTOGRAD_BACKWARD})
 #: In-place writes on a parameter outside an optimizer step (see `producers.identity_hooks`).
 PARAM_OVERWRITE = "torch.Tensor.param_overwrite"
 #: Gradients cleared by user code without a ``zero_grad`` API (``p.grad = None``,

@@ -21,7 +21,17 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from .events import make_batch
+from .events import (
+    MODULE_EVAL,
+    MODULE_FORWARD,
+    MODULE_TRAIN,
+    OPTIMIZER_STEP,
+    OPTIMIZER_ZERO_GRAD,
+    PARAMETER_VTYPE,
+    TENSOR_BACKWARD,
+    WORKER_INIT_API,
+    make_batch,
+)
 
 PARAMS = (
     # name, mtype, requires_grad, shape
@@ -110,7 +120,7 @@ class SyntheticRun:
         if step == 0 or (self.eval_every and step % self.eval_every == 0):
             for worker in range(self.workers):
                 seed_digest = _digest("wseed", self.seed, step, worker if not self._fault("same_worker_seed", step, rank) else 0, rank)
-                yield from self._call(pid + 100 + worker, "train", "torch.utils.data.worker_init",
+                yield from self._call(pid + 100 + worker, "train", WORKER_INIT_API,
                                       args={"worker_id": worker, "torch_seed": int(seed_digest[:6], 16),
                                             "numpy_state_digest": seed_digest})
         if not self._fault("no_zero_grad", step, rank):
@@ -162,10 +172,10 @@ class SyntheticRun:
         return attrs
 
     def _state(self, pid: int, stage: str, name: str, at: str, cid: int | None, attrs: dict) -> dict[str, Any]:
-        return self._ev("state", stage, pid, name=name, vtype="torch.nn.Parameter", at=at, cid=cid, attrs=attrs)
+        return self._ev("state", stage, pid, name=name, vtype=PARAMETER_VTYPE, at=at, cid=cid, attrs=attrs)
 
     def _zero_grad(self, pid: int, step: int, rank: int) -> Iterator[dict[str, Any]]:
-        api = "torch.optim.Optimizer.zero_grad"
+        api = OPTIMIZER_ZERO_GRAD
 
         def inner(cid: int) -> Iterator[dict[str, Any]]:
             for name, mtype, req, shape in self.params:
@@ -191,18 +201,18 @@ class SyntheticRun:
                         yield from self._call(pid, stage, "torch.nn.functional.dropout", parent=cid, ctx=ctx,
                                               args={"input": tensor, "p": 0.1, "training": flag},
                                               ret=dict(tensor, dtype=out_dtype))
-                    yield from self._call(pid, stage, "torch.nn.Module.forward", parent=root, ctx=ctx,
+                    yield from self._call(pid, stage, MODULE_FORWARD, parent=root, ctx=ctx,
                                           extra={"module": mod, "mtype": mtype, "training": flag}, children=drop,
                                           args={"input": tensor}, ret=dict(tensor, dtype=out_dtype))
                 else:
                     def lin(cid: int) -> Iterator[dict[str, Any]]:
                         yield from self._call(pid, stage, "torch.nn.functional.linear", parent=cid, ctx=ctx,
                                               args={"input": tensor}, ret=dict(tensor, dtype=out_dtype))
-                    yield from self._call(pid, stage, "torch.nn.Module.forward", parent=root, ctx=ctx,
+                    yield from self._call(pid, stage, MODULE_FORWARD, parent=root, ctx=ctx,
                                           extra={"module": mod, "mtype": mtype, "training": training}, children=lin,
                                           args={"input": tensor}, ret=dict(tensor, dtype=out_dtype))
 
-        yield from self._call(pid, stage, "torch.nn.Module.forward", ctx=ctx,
+        yield from self._call(pid, stage, MODULE_FORWARD, ctx=ctx,
                               extra={"module": "", "mtype": "Net", "training": training}, children=modules,
                               args={"input": tensor}, ret={"T": "tensor", "shape": [4, 4], "dtype": out_dtype})
 
@@ -213,10 +223,10 @@ class SyntheticRun:
                 yield from self._call(pid, "train", "torch.distributed.all_reduce", parent=cid,
                                       args={"tensor": {"T": "tensor", "shape": [numel], "dtype": "torch.float32"}, "op": "SUM"})
 
-        yield from self._call(pid, "train", "torch.Tensor.backward", children=reduces)
+        yield from self._call(pid, "train", TENSOR_BACKWARD, children=reduces)
 
     def _opt_step(self, pid: int, step: int, rank: int) -> Iterator[dict[str, Any]]:
-        api = "torch.optim.Optimizer.step"
+        api = OPTIMIZER_STEP
 
         def inner(cid: int) -> Iterator[dict[str, Any]]:
             for name, mtype, req, shape in self.params:
@@ -229,6 +239,6 @@ class SyntheticRun:
         yield from self._call(pid, "train", api, args={"lr": 0.01}, children=inner)
 
     def _eval(self, pid: int, step: int, rank: int) -> Iterator[dict[str, Any]]:
-        yield from self._call(pid, "eval", "torch.nn.Module.eval", extra={"module": "", "mtype": "Net"})
+        yield from self._call(pid, "eval", MODULE_EVAL, extra={"module": "", "mtype": "Net"})
         yield from self._forward(pid, "eval", step, rank, training=False)
-        yield from self._call(pid, "eval", "torch.nn.Module.train", extra={"module": "", "mtype": "Net"})
+        yield from self._call(pid, "eval", MODULE_TRAIN, extra={"module": "", "mtype": "Net"})

@@ -20,6 +20,7 @@ import torch
 from torch.overrides import TorchFunctionMode, resolve_name
 
 from invariants.events import (
+    AUTOGRAD_BACKWARD,
     BACKWARD_APIS,
     GRAD_CLEAR_API,
     MODULE_EVAL,
@@ -29,6 +30,7 @@ from invariants.events import (
     OPTIMIZER_STEP,
     OPTIMIZER_ZERO_GRAD,
     PARAM_OVERWRITE,
+    TENSOR_BACKWARD,
     WORKER_INIT_API,
     optimizer_id,
 )
@@ -56,9 +58,9 @@ WRAP_SPECS: tuple[WrapSpec, ...] = (
     WrapSpec(MODULE_ZERO_GRAD, (("torch.nn.Module", "zero_grad"),), method=True, group="zero_grad"),
     WrapSpec(MODULE_TRAIN, (("torch.nn.Module", "train"),), method=True, group="module_mode"),
     WrapSpec(MODULE_EVAL, (("torch.nn.Module", "eval"),), method=True, group="module_mode"),
-    WrapSpec("torch.Tensor.backward", (("torch.Tensor", "backward"),), method=True, group="backward"),
+    WrapSpec(TENSOR_BACKWARD, (("torch.Tensor", "backward"),), method=True, group="backward"),
     # direct calls only: inside Tensor.backward the shared group suppresses it
-    WrapSpec("torch.autograd.backward", (("torch.autograd", "backward"),), group="backward"),
+    WrapSpec(AUTOGRAD_BACKWARD, (("torch.autograd", "backward"),), group="backward"),
     WrapSpec(
         "torch.nn.utils.clip_grad_norm_",
         (("torch.nn.utils", "clip_grad_norm_"), ("torch.nn.utils.clip_grad", "clip_grad_norm_")),
