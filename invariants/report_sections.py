@@ -173,7 +173,7 @@ def checked_section(rules_by_relation: dict[str, int], coverage: Coverage, windo
              (f"{len(rules_by_relation)}", "relations"),
              (f"{iterations}", "training iterations"),
              (f"{windows}", "step windows"),
-             (rank_ranges(ranks), "ranks" if len(ranks) != 1 else "rank")]
+             (f"{len(ranks)}", f"{'rank' if len(ranks) == 1 else 'ranks'} {rank_ranges(ranks)}")]
     parts = ["<h2>What was checked</h2><div class='tiles'>"]
     parts.extend(f"<div class='tile'><b>{escape(value)}</b><span>{escape(label)}</span></div>" for value, label in tiles)
     parts.append("</div>")

@@ -1,4 +1,5 @@
-"""Pure unit tests of the HTML report's pictures: SVG charts, heat grids, sections and the page."""
+"""Pure unit tests of the HTML report's pictures (SVG charts, heat grids, sections, the page) and of the
+PNG reader that judges its screenshot."""
 
 from __future__ import annotations
 
@@ -164,3 +165,43 @@ def test_step_series_summarises_every_step_once_and_drops_late_batches():
         series.add_batch(_batch(n, loss, seq))
     got = series.summaries()
     assert [(s.step, s.loss) for s in got] == [(1, 3.0), (2, 2.0), (3, 1.0), (4, 0.5)]
+
+
+def _png(pixels, filters: list[int]) -> bytes:
+    """A PNG whose rows use the given filters (the encoder side of `tests.support.png`)."""
+    import struct
+    import zlib
+
+    height, width, bpp = pixels.shape
+    rows, prev = [], [0] * (width * bpp)
+    for y in range(height):
+        line = pixels[y].reshape(-1).tolist()
+        kind = filters[y % len(filters)]
+        out = []
+        for x, value in enumerate(line):
+            a = line[x - bpp] if x >= bpp else 0
+            b, c = prev[x], prev[x - bpp] if x >= bpp else 0
+            p = a + b - c
+            paeth = a if abs(p - a) <= abs(p - b) and abs(p - a) <= abs(p - c) else (b if abs(p - b) <= abs(p - c) else c)
+            out.append((value - (0, a, b, (a + b) >> 1, paeth)[kind]) & 255)
+        rows.append(bytes([kind, *out]))
+        prev = line
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2 if bpp == 3 else 6, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"".join(rows)))
+            + chunk(b"IEND", b""))
+
+
+def test_png_reader_undoes_every_row_filter(tmp_path):
+    import numpy as np
+
+    from tests.support.png import read_png
+
+    for bpp in (3, 4):
+        pixels = np.random.default_rng(bpp).integers(0, 256, size=(10, 7, bpp), dtype=np.uint8)
+        path = tmp_path / f"{bpp}.png"
+        path.write_bytes(_png(pixels, [0, 1, 2, 3, 4]))
+        assert np.array_equal(read_png(path), pixels)
