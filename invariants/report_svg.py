@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from html import escape
-from typing import Iterable
+from typing import Callable, Iterable
 
 #: More points than this are thinned (the marked steps are always kept): a chart of a
 #: 100,000-step run stays a few tens of kilobytes and still shows where the marks are.
@@ -54,11 +54,26 @@ def _fmt(value: float) -> str:
 
 
 def _thin(points: list[tuple[int, float | None]], keep: set[int]) -> list[tuple[int, float | None]]:
+    """At most about MAX_POINTS points; the marked ones stay unless they alone are too many."""
     if len(points) <= MAX_POINTS:
         return points
     stride = math.ceil(len(points) / MAX_POINTS)
     last = len(points) - 1
+    keep = keep if len(keep) <= MAX_POINTS else set()
     return [p for i, p in enumerate(points) if i % stride == 0 or i == last or p[0] in keep]
+
+
+def _bands(marked: list[int], x: Callable[[int], float]) -> list[tuple[int, int]]:
+    """Marked steps as (first, last) bands: a step next to the band before it (by step, or
+    within two pixels) joins it, so a rule violated on every step is one band, not a
+    thousand lines."""
+    bands: list[tuple[int, int]] = []
+    for step in marked:
+        if bands and (step == bands[-1][1] + 1 or x(step) - x(bands[-1][1]) < 2):
+            bands[-1] = (bands[-1][0], step)
+        else:
+            bands.append((step, step))
+    return bands
 
 
 def line_chart(series: Series, marks: Iterable[int], *, width: int = 360, height: int = 170) -> str:
@@ -104,10 +119,15 @@ def line_chart(series: Series, marks: Iterable[int], *, width: int = 360, height
     for step, anchor in ((lo_s, "start"), (hi_s, "end")):
         parts.append(f"<text x='{x(step):.1f}' y='{height - 8}' font-size='10' text-anchor='{anchor}' "
                      f"fill='{TEXT}'>step {step}</text>")
-    for step in sorted(marked):
-        parts.append(f"<line class='mark' x1='{x(step):.1f}' y1='{top}' x2='{x(step):.1f}' y2='{top + inner_h}' "
-                     f"stroke='{MARK}' stroke-opacity='0.45' stroke-width='1.5'><title>violation at step {step}"
-                     "</title></line>")
+    for first, last in _bands(sorted(marked), x):
+        if first == last:
+            parts.append(f"<line class='mark' x1='{x(first):.1f}' y1='{top}' x2='{x(first):.1f}' y2='{top + inner_h}' "
+                         f"stroke='{MARK}' stroke-opacity='0.45' stroke-width='1.5'><title>violation at step {first}"
+                         "</title></line>")
+        else:
+            parts.append(f"<rect class='mark' x='{x(first) - 0.75:.1f}' y='{top}' width='{x(last) - x(first) + 1.5:.1f}' "
+                         f"height='{inner_h}' fill='{MARK}' fill-opacity='0.16'><title>violations at steps "
+                         f"{first}..{last}</title></rect>")
     run: list[str] = []
     for step, value in points:
         shown = plotted.get(step)

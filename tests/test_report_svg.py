@@ -66,6 +66,15 @@ def test_long_series_is_thinned_but_keeps_its_marks():
     assert len(marks(root, "circle")) == 1
 
 
+def test_a_rule_violated_on_every_step_is_one_band_not_thousands_of_marks():
+    points = [(s, 1.0 + s % 3) for s in range(20_000)]
+    svg = line_chart(Series("loss", points), range(5_000, 20_000))
+    root = parse(svg)
+    bands = marks(root, "rect")
+    assert len(bands) == 1 and bands[0].find(f"{SVG}title").text == "violations at steps 5000..19999"
+    assert len(marks(root, "line")) == 0 and len(svg) < 60_000
+
+
 def test_empty_series_says_so():
     root = parse(line_chart(Series("loss", []), []))
     assert "not recorded" in "".join(root.itertext())
