@@ -1,4 +1,4 @@
-"""Check reports for people: console text, JSON document, self-contained HTML.
+"""Check reports for people: console text and JSON document (`report_html` draws the page).
 
 Every form leads with the *first* violation — the earliest step, where the root cause
 most likely is — spelled out (step, ranks, stage, the invariant in plain words, the
@@ -9,7 +9,6 @@ they return strings/dicts and the caller writes them.
 
 from __future__ import annotations
 
-import html
 import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -18,6 +17,7 @@ from .coverage import Coverage
 from .coverage_text import describe_run, nothing_checked_line, ok_line
 from .model import Violation
 from .precondition import describe_precondition
+from .step_summary import StepSummary
 
 
 @dataclass
@@ -32,9 +32,11 @@ class CheckSummary:
     truncated: list[tuple[str, int]] = field(default_factory=list)
     source: str = ""
     coverage: Coverage = field(default_factory=Coverage)
+    rules_by_relation: dict[str, int] = field(default_factory=dict)
+    steps: list[StepSummary] = field(default_factory=list)  # per-step signals, when the caller folded them
 
 
-def _group(violations: list[Violation]) -> list[dict[str, Any]]:
+def group_violations(violations: list[Violation]) -> list[dict[str, Any]]:
     groups: dict[str, dict[str, Any]] = {}
     for v in violations:
         g = groups.get(v.invariant)
@@ -51,7 +53,7 @@ def _group(violations: list[Violation]) -> list[dict[str, Any]]:
     return sorted(groups.values(), key=lambda g: (g["first_step"], g["invariant"]))
 
 
-def _short(value: Any, limit: int = 300) -> str:
+def short_json(value: Any, limit: int = 300) -> str:
     text = json.dumps(value, sort_keys=True, default=str)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -75,10 +77,10 @@ def render_text(violations: list[Violation], summary: CheckSummary, precondition
     lines.append(f"  invariant: {first.description}  [{first.relation} {first.invariant}]")
     if preconditions and preconditions.get(first.invariant) is not None:
         lines.append(f"  applies when: {describe_precondition(preconditions[first.invariant])}")
-    lines.append(f"  evidence:  {_short(first.evidence)}")
+    lines.append(f"  evidence:  {short_json(first.evidence)}")
     if first.hint:
         lines.append(f"  likely cause: {first.hint}")
-    groups = _group(ordered)
+    groups = group_violations(ordered)
     lines.append("")
     lines.append(f"{len(ordered)} violation(s) of {len(groups)} invariant(s); {checked}:")
     for g in groups:
@@ -99,7 +101,7 @@ def untrained_lines(violations: list[Violation], summary: CheckSummary) -> list[
 
 def render_json(violations: list[Violation], summary: CheckSummary) -> dict[str, Any]:
     ordered = sorted(violations, key=Violation.sort_key)
-    groups = _group(ordered)
+    groups = group_violations(ordered)
     return {
         "summary": {
             "violations": len(ordered),
@@ -125,72 +127,13 @@ def render_json(violations: list[Violation], summary: CheckSummary) -> dict[str,
     }
 
 
-_CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:2rem;color:#1d232a;max-width:70rem}
-h1{font-size:1.4rem}h2{font-size:1.1rem;margin-top:2rem}
-.ok{background:#e8f6ec;border-left:4px solid #2e9e50;padding:.8rem 1rem}
-.nothing{background:#fff6e0;border-left:4px solid #d08a00;padding:.8rem 1rem}
-.first{background:#fdecea;border-left:4px solid #c62828;padding:.8rem 1rem}
-.first dt{font-weight:600;margin-top:.4rem}.first dd{margin-left:1rem}
-table{border-collapse:collapse;width:100%;font-size:.9rem}th,td{border-bottom:1px solid #ddd;padding:.35rem .5rem;text-align:left;vertical-align:top}
-th{background:#f4f5f7}code,pre{font-family:ui-monospace,Menlo,monospace;font-size:.85rem}
-pre{white-space:pre-wrap;word-break:break-all;margin:0}.muted{color:#66707a}.badge{background:#eef;padding:0 .4rem;border-radius:.3rem}
-"""
-
-
-def render_html(violations: list[Violation], summary: CheckSummary, preconditions: dict[str, Any] | None = None) -> str:
-    esc = html.escape
-    ordered = sorted(violations, key=Violation.sort_key)
-    parts = [
-        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>trainwatch check report</title>",
-        f"<style>{_CSS}</style></head><body><h1>trainwatch check report</h1>",
-        f"<p class='muted'>{esc(summary.source)} &middot; runs: {esc(', '.join(summary.runs) or '-')} &middot; "
-        f"{summary.windows} step windows, {summary.events} events, {summary.invariants} invariants checked</p>",
-    ]
-    for path, offset in summary.truncated:
-        parts.append(f"<p class='muted'>Torn last record skipped: {esc(path)} at byte offset {offset}.</p>")
-    parts.append("<h2>Coverage</h2><ul class='coverage'>"
-                 + "".join(f"<li>{esc(describe_run(run))}</li>" for run in summary.coverage.runs.values()) + "</ul>")
-    untrained = untrained_lines(ordered, summary)
-    if not ordered:
-        if untrained:
-            parts.append("".join(f"<p class='nothing'>{esc(line)}</p>" for line in untrained) + "</body></html>")
-        else:
-            parts.append("<p class='ok'>No violation: every invariant held at every step checked.</p></body></html>")
-        return "".join(parts)
-    first = ordered[0]
-    applies = ""
-    if preconditions and preconditions.get(first.invariant) is not None:
-        applies = f"<dt>Applies when</dt><dd>{esc(describe_precondition(preconditions[first.invariant]))}</dd>"
-    parts.append(
-        "<h2>First violation</h2><dl class='first'>"
-        f"<dt>Where</dt><dd>step <b>{first.step}</b> of run <code>{esc(first.run)}</code>, ranks "
-        f"{esc(str(first.ranks))}, stage <span class='badge'>{esc(first.stage or '-')}</span></dd>"
-        f"<dt>What should have held</dt><dd>{esc(first.description)}</dd>{applies}"
-        f"<dt>What was seen</dt><dd><pre>{esc(json.dumps(first.evidence, indent=1, sort_keys=True, default=str))}</pre></dd>"
-        f"<dt>Likely cause</dt><dd>{esc(first.hint or '-')}</dd>"
-        f"<dt>Rule</dt><dd><code>{esc(first.relation)}</code> <code>{esc(first.invariant)}</code></dd></dl>"
-    )
-    parts.append("<h2>All violated invariants</h2><table><tr><th>Invariant</th><th>Occurrences</th><th>Steps</th>"
-                 "<th>Ranks</th><th>Likely cause</th></tr>")
-    for g in _group(ordered):
-        parts.append(
-            f"<tr><td>{esc(g['description'])}<br><span class='muted'>{esc(g['relation'])} {esc(g['invariant'])}</span></td>"
-            f"<td>{g['count']}</td><td>{g['first_step']}&ndash;{g['last_step']}</td>"
-            f"<td>{esc(str(sorted(g['ranks'])))}</td><td>{esc(g['hint'])}</td></tr>"
-        )
-    parts.append("</table><h2>Every violation</h2><table><tr><th>Step</th><th>Run</th><th>Ranks</th><th>Stage</th>"
-                 "<th>Invariant</th><th>Evidence</th></tr>")
-    for v in ordered[:500]:
-        parts.append(
-            f"<tr><td>{v.step}</td><td>{esc(v.run)}</td><td>{esc(str(v.ranks))}</td><td>{esc(v.stage)}</td>"
-            f"<td>{esc(v.description)}</td><td><pre>{esc(_short(v.evidence, 600))}</pre></td></tr>"
-        )
-    if len(ordered) > 500:
-        parts.append(f"<tr><td colspan='6' class='muted'>{len(ordered) - 500} more in the JSON report</td></tr>")
-    parts.append("</table></body></html>")
-    return "".join(parts)
-
-
 def preconditions_by_id(invariants: Iterable[Any]) -> dict[str, Any]:
     return {inv.id: inv.precondition for inv in invariants}
+
+
+def rules_by_relation(invariants: Iterable[Any]) -> dict[str, int]:
+    """How many rules of each relation a set holds: what a clean verdict vouches for."""
+    counts: dict[str, int] = {}
+    for inv in invariants:
+        counts[inv.relation] = counts.get(inv.relation, 0) + 1
+    return counts

@@ -217,3 +217,42 @@ class StepSummaryBuilder:
         for rank, acc in (data.get("ranks") or {}).items():
             builder._ranks[int(rank)] = _RankAccumulator(**acc)
         return builder
+
+
+class StepSeries:
+    """Every step's summary of a replay, for the report's charts.
+
+    A report draws the whole run, so unlike the trend monitors (which keep a bounded
+    history) this keeps one summary per step; a builder is folded into its summary as
+    soon as the replay (merged in step order) is two steps past it."""
+
+    def __init__(self) -> None:
+        self._open: dict[tuple[str, int], StepSummaryBuilder] = {}
+        self._done: list[StepSummary] = []
+        self._folded_below: dict[str, int] = {}  # per run: steps below this are summarised
+
+    def add_batch(self, batch: Any) -> None:
+        """Fold one typed batch (`wire`), or a dict batch converted first."""
+        if isinstance(batch, dict):
+            batch = wire_types(None).convert(batch)
+        key = (batch.run, batch.step)
+        builder = self._open.get(key)
+        if builder is None:
+            if batch.step < self._folded_below.get(batch.run, batch.step):
+                return  # a late batch (a DataLoader worker's file) of a step already drawn
+            builder = self._open[key] = StepSummaryBuilder(batch.run, batch.step)
+            below = batch.step - 1
+            if below > self._folded_below.get(batch.run, below - 1):
+                self._folded_below[batch.run] = below
+                self._fold(batch.run, before_step=below)
+        builder.add_batch(batch)
+
+    def _fold(self, run: str | None, before_step: int | None = None) -> None:
+        for key in [k for k in self._open if (run is None or k[0] == run)
+                    and (before_step is None or k[1] < before_step)]:
+            self._done.append(self._open.pop(key).summary())
+
+    def summaries(self) -> list[StepSummary]:
+        """Step-ordered summaries per run; the steps still open are folded first."""
+        self._fold(None)
+        return sorted(self._done, key=lambda s: (s.run, s.step))

@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, str] = {
     "collect": "run a training command under instrumentation, writing traces and/or streaming events",
     "infer": "infer invariants from traces of healthy runs",
     "check": "check traces against invariants (the shipped default set without -i)",
+    "report": "check traces and draw the verdict as a self-contained HTML page",
     "serve": "run a streaming checker worker on a Kafka cluster",
     "watch": "run a training command and check it live on one machine",
 }
