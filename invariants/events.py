@@ -1,6 +1,7 @@
 """The event model: what a training process says about itself, per rank and step.
 
-This module is the wire contract between producers and checkers (DESIGN §2).
+This module is the wire contract between producers and checkers (docs/design.md,
+"The wire contract").
 Producers build events as plain dicts and lists, which is what msgpack encodes for
 free; the validators here turn untrusted decoded input into a precise `SchemaError`
 instead of a `KeyError` deep inside a relation.  Checkers decode the same contract

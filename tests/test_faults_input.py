@@ -3,7 +3,7 @@
 Each test feeds one kind of bad input (an absurd world size, deep nesting, more
 trace files than descriptors, badly typed invariant files, a bit flip in a trace's
 last frame, an ``-i`` file that names nothing recordable) through the real decoders
-and the real commands, and checks the guarantee the README states for it: a
+and the real commands, and checks the guarantee docs/operations.md states for it: a
 dead-letter record with a stable reason, or one line on stderr and exit 2; never a
 traceback, a stall, a giant report, or a silent pass.
 """
@@ -33,7 +33,7 @@ from trainwatch.cli import main
 from trainwatch.tracedir import read_trace_dir, write_trace_dir
 
 ROOT = Path(__file__).resolve().parents[1]
-WORLD_LIMIT = 65_536  # the documented maximum world size (README "Faults and bounds")
+WORLD_LIMIT = 65_536  # the documented maximum world size (docs/operations.md, "Bounds on input")
 
 
 def _event(kind: str, **fields) -> dict:

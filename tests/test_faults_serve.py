@@ -25,7 +25,8 @@ from stream_checkers.client_log_limit import ClientErrorRateLimit
 from stream_checkers.config import CheckerConfig, KafkaSecurity
 from tests.support.kafka import CheckerProcess, metric, produce, synthetic_step_batch, wait_until
 
-#: What the README promises for a SIGTERM, whatever the broker's state.
+#: What docs/operations.md ("Kafka goes away under a running worker") promises for a
+#: SIGTERM, whatever the broker's state.
 STOP_BOUND_S = 15.0
 SUMMARY = re.compile(r"broker unreachable at (\S+) for (\d+) s \((\d+) errors suppressed\)")
 

@@ -1,6 +1,6 @@
 """The ``trainwatch`` command: a thin dispatcher over `trainwatch.commands`.
 
-The subcommands and their flags are a stable contract (DESIGN §5) that scripts
+The subcommands and their flags are a stable contract (docs/cli.md) that scripts
 outside this repository rely on.  Exit codes: 0 = ok / no violation, 1 = violations
 found, 2 = bad usage or unreadable input (with a one-line reason); ``collect`` passes
 the training command's own exit code through.

@@ -1,6 +1,6 @@
 """Thin wrappers around the ``trainwatch`` command line, as a user would run it.
 
-The benchmark drives trainwatch through its public CLI (DESIGN §5) rather than its
+The benchmark drives trainwatch through its public CLI (docs/cli.md) rather than its
 Python internals, so that it measures what users get and breaks when the contract does.
 Every child runs with one OpenMP thread and without leaked ``TRAINWATCH_*`` settings.
 """

@@ -27,7 +27,7 @@ class BugCase:
     #: Names (API families, variable-name fragments) a violation should mention to count
     #: as pointing at the root cause; matched case-insensitively as substrings.
     root_cause: tuple[str, ...]
-    #: The invariant relation expected to catch it (DESIGN §4 names).
+    #: The invariant relation expected to catch it (a template name in docs/invariants.md).
     expected_relation: str
     launch: str = SINGLE
     onset: int = 3

@@ -4,7 +4,7 @@
 ``/metrics`` endpoint, SIGTERM or SIGKILL); `TopicReader` reads a topic without a
 consumer group and knows when it has caught up.  Catching up is judged from the
 fetch high-watermark, because tansu's ListOffsets(latest) answer cannot be trusted
-(DESIGN §7).
+(docs/design.md, "Brokers in tests").
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ tansu answers that request wrongly: at rest its answer can lag the true end of a
 partition (even with one record per produce batch), so recovery stops before the
 newest changelog records and the worker carries on with stale tables — a window open
 at a crash comes back without a batch that was folded (and whose source offset was
-committed), and is later reported as missing a rank (DESIGN §7).
+committed), and is later reported as missing a rank (docs/design.md, "Brokers in tests").
 
 The high-watermark a broker returns with every Fetch response is right on tansu and on
 Apache Kafka alike, so the recovery end offset is taken from a tiny fetch instead:
