@@ -14,7 +14,7 @@ that program wrote, so an inferred rule is never keyed on one.  Containers and
 wrappers (``Sequential``, ``DistributedDataParallel``) are torch's classes, but what
 their forward does is the user's modules' behaviour, so they are treated like user
 classes.  The core imports no torch: the names are listed here and
-tests/test_object_identity.py keeps the list equal to the installed torch's.
+tests/integration/test_object_identity.py keeps the list equal to the installed torch's.
 """
 
 from __future__ import annotations

@@ -220,7 +220,7 @@ class SnapshotRecord(Mapping[str, Any]):
     every parameter of an optimizer step fails "gradient cleared" and is excused by
     ``grad_nonzero = False``); a precondition reads one or two fields, and building
     the whole record cost more than the rest of the site.  Iterating builds the
-    whole record.  tests/test_evaluate_equivalence.py checks every field against
+    whole record.  tests/unit/test_evaluate_equivalence.py checks every field against
     `WindowView.state_record` on arbitrary snapshots.
     """
 

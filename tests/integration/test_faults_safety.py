@@ -19,7 +19,7 @@ from producers.redaction import ENV_RECORD_FULL_ARGV, REDACTED, redact_argv
 from producers.report import read_trace_dir
 from stream_checkers.dead_letter import DEAD_LETTER_PREFIX_BYTES, dead_letter_record
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SECRET = "sk-proj-Zq7Lm2Xv9Rt4Kp8Wn3Bc6Hd1Fg5Js0Ay"
 TINY_TRAINING = """
 import torch

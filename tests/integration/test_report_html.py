@@ -22,7 +22,7 @@ import pytest
 
 from tests.support.png import read_png
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOT = ROOT / "docs" / "img" / "report.png"
 WORLD, STEPS, PERTURB_RANK, PERTURB_STEP = 3, 30, 1, 12
 WINDOW = (1200, 1600)

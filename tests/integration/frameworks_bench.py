@@ -10,7 +10,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "benchmarks" / "frameworks"), str(ROOT / "benchmarks" / "silent_bugs")]
 
 _spec = importlib.util.spec_from_file_location("frameworks_run", ROOT / "benchmarks" / "frameworks" / "run.py")

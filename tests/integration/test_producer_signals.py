@@ -16,7 +16,7 @@ from pathlib import Path
 
 from producers.report import read_trace_batches, read_trace_summary
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 TRAIN_FOREVER = """
 import torch

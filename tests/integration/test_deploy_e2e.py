@@ -51,7 +51,7 @@ from test_deploy_static import (  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TRAINING_RUN = "e2e-ddp-divergence"
 PIPELINE_RUN = "e2e-pipeline-faults"
 GRAFANA_URL = "http://grafana.test"

@@ -17,7 +17,7 @@ evidence, counts) and the run-level facts evaluation writes.
 
 Regenerate only when a change of *meaning* is intended::
 
-    python tests/test_evaluate_equivalence.py --regenerate [--silent-bugs-work DIR]
+    python tests/unit/test_evaluate_equivalence.py --regenerate [--silent-bugs-work DIR]
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

@@ -16,7 +16,7 @@ from urllib.parse import unquote
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 DOCS = sorted((REPO / "docs").glob("*.md"))
 README_MAX_LINES = 250

@@ -11,7 +11,7 @@ import pytest
 
 from invariants.invariant_file import loads
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 STEPS, PERTURB_STEP, PERTURB_RANK = 6, 3, 1
 #: iteration K (1-based) is window K (window 0 is setup); the nudge after its optimizer
 #: step is first seen by window K + 1

@@ -24,7 +24,7 @@ from producers.sinks import KafkaSink, kafka_settings_from_env
 from tests.support.kafka import CheckerProcess, iter_violations, metric, read_topic, synthetic_step_batch, wait_until
 from tests.support.tls_broker import make_certificates
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EVENTS = "trainwatch.events"
 VIOLATIONS = "trainwatch.violations"
 

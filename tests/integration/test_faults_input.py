@@ -32,7 +32,7 @@ from invariants.wire import wire_types
 from trainwatch.cli import main
 from trainwatch.tracedir import read_trace_dir, write_trace_dir
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 WORLD_LIMIT = 65_536  # the documented maximum world size (docs/operations.md, "Bounds on input")
 
 

@@ -17,7 +17,7 @@ import trainwatch_version
 from stream_checkers.metrics import CheckerMetrics
 from trainwatch.cli import build_parser
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _pyproject_version() -> str:

@@ -18,7 +18,7 @@ import pytest
 from invariants.codec import TRACE_MAGIC
 from producers.report import read_trace_batches, read_trace_dir, read_trace_summary
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 
 

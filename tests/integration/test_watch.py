@@ -12,7 +12,7 @@ import pytest
 from stream_checkers.embedded_broker import free_port
 from tests.support.kafka import iter_violations, metric, read_topic, scrape
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DDP = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
        str(ROOT / "examples" / "ddp_gloo.py"), "--steps", "6"]
 

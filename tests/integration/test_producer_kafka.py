@@ -16,7 +16,7 @@ from producers.report import read_trace_dir
 from producers.sinks import KafkaSink
 from stream_checkers.embedded_broker import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TOPIC = "trainwatch.events"
 
 

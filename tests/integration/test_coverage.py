@@ -23,7 +23,7 @@ from invariants.model import Invariant
 from trainwatch.cli import main
 from trainwatch.tracedir import write_trace_dir
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 STEPS = 5
 
 TRAIN = f"""

@@ -2,7 +2,7 @@
 
 A training process outlives a dead broker without a traceback or a long exit, and the
 batches it could not deliver are counted (`watch`'s exit 2 for the same fault is in
-tests/test_watch.py).
+tests/integration/test_watch.py).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from stream_checkers.console.supervisor import wait_until
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 #: Trains a small MLP, waits for ``go`` (created once the broker is dead), then its loss
 #: turns NaN: a bug whose onset comes after the broker died.

@@ -75,7 +75,7 @@ def test_the_compat_classes_override_exactly_these_members():
 def test_no_private_faust_or_aiokafka_member_is_used_outside_the_compat_package(package):
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1] / package
+    root = Path(__file__).resolve().parents[2] / package
     private = ("_create_worker_consumer", "_highwaters", "_ensure_consumer", "_new_consumer_thread",
                "_filter_committable_offsets", "_should_commit", "_committed_offset", "_fetch_max_wait_ms")
     offenders = [f"{path.relative_to(root.parent)}: {name}"
