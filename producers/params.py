@@ -1,4 +1,4 @@
-"""Which parameters exist, what they are called, and cheap snapshots of all of them.
+"""Which parameters exist and what they are called (snapshots: `producers.param_snapshots`).
 
 Names come from the *root* modules the forward hooks see (the outermost module of a
 forward call) via ``named_parameters()``, so they are stable across ranks and runs of
@@ -6,24 +6,17 @@ the same model: ``0.weight``, ``module.encoder.layers.1.linear1.bias`` under DDP
 Roots after the first with parameters get an ``r<k>.`` prefix (a GAN's second net).
 Parameters only an optimizer knows are named ``opt<i>.g<j>.p<k>``.
 
-A snapshot of every parameter must stay cheap on large models: norms of all tensors
-are computed in one ``torch._foreach_norm`` per list and cross to the host in one
-transfer per device; digests follow `producers.digest`.
 """
 
 from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, replace
-from typing import Any, Iterable, Sequence
 
 import torch
 
 from invariants.events import optimizer_id
 
-from .digest import skip_reason, tensor_digests
-from .summaries import device_name as _device_name
-from .summaries import tensor_layout as _layout
 
 
 @dataclass(frozen=True)
@@ -36,14 +29,6 @@ class ParamEntry:
     alias_of: str | None = None
     #: ``opt<i>.g<j>``: the first optimizer and param group holding it
     holder: str | None = None
-
-
-#: Attributes that Megatron-LM / DeepSpeed-style frameworks set on parameters to say how
-#: they are sharded; captured when present so cross-rank rules can be scoped.
-PARALLEL_ATTRIBUTES = (
-    "tensor_model_parallel", "partition_dim", "partition_stride", "sequence_parallel",
-    "allreduce", "expert", "moe", "group_name", "shared",
-)
 
 
 class ParameterRegistry:
@@ -186,195 +171,3 @@ class ParameterRegistry:
             mine = {id(entry.param) for entry in entries}
             entries.extend(alias for alias in self._aliases if id(alias.param) in mine)
         return entries
-
-
-def _norms(tensors: Sequence[torch.Tensor | None]) -> list[float | None]:
-    """Euclidean norms of float tensors: one fused kernel and one host transfer per (device, dtype)."""
-    results: list[float | None] = [None] * len(tensors)
-    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
-    for index, tensor in enumerate(tensors):
-        if tensor is None or not (tensor.is_floating_point() or tensor.is_complex()):
-            continue
-        if tensor.numel() == 0 or skip_reason(tensor) is not None:
-            continue
-        groups.setdefault((tensor.device, tensor.dtype), []).append(index)
-    for indices in groups.values():
-        norms = torch._foreach_norm([tensors[i] for i in indices])  # type: ignore[misc]
-        values = torch.stack(norms).tolist()
-        for index, value in zip(indices, values):
-            results[index] = float(value)
-    return results
-
-
-def _version_of(tensor: torch.Tensor) -> int | None:
-    """The autograd version counter; None where there is none (inference-mode tensors)."""
-    try:
-        return tensor._version
-    except RuntimeError:
-        return None
-
-
-class SnapshotMemo:
-    """What one snapshot can reuse from the previous ones of the same parameters.
-
-    *Gradient digests and norms*, reused while the gradient is unchanged.
-
-    Between two snapshots of one step the gradients usually stay as they were (nothing
-    touches them in ``Optimizer.step``, nor between the end of a step and the next
-    ``zero_grad``), so summarising them again is a wasted pass over gradient memory.
-    A cached summary is reused only for the very same gradient tensor object whose
-    autograd version counter has not moved: every in-place change made through the
-    tensor (``grad.div_()``, accumulation by backward, ``zero_()``, a collective
-    writing into it) bumps that counter.  Only changes made through ``grad.data``,
-    which has a counter of its own, would go unseen; parameter *data* is therefore
-    never cached (``param.data.add_()`` is a common way to modify weights).
-    Gradients are held by weak reference so the cache never keeps memory alive.
-
-    *Metadata attributes* of each parameter (see `_static_attrs`).  Entries are keyed
-    by ``id(param)`` and checked against a weak reference, since tensors cannot be
-    dictionary keys by value (``==`` is elementwise).
-    """
-
-    def __init__(self) -> None:
-        self._entries: dict[int, tuple[weakref.ref[torch.Tensor], int, str | None, float | None]] = {}
-        self._static: dict[int, tuple[weakref.ref[torch.Tensor], tuple[Any, ...], dict[str, Any]]] = {}
-
-    def static_attrs(self, param: torch.Tensor, key: tuple[Any, ...]) -> dict[str, Any] | None:
-        entry = self._static.get(id(param))
-        if entry is None or entry[0]() is not param or entry[1] != key:
-            return None
-        return entry[2]
-
-    def store_static_attrs(self, param: torch.Tensor, key: tuple[Any, ...], attrs: dict[str, Any]) -> None:
-        try:
-            self._static[id(param)] = (weakref.ref(param), key, attrs)
-        except TypeError:
-            pass
-
-    def lookup(self, param: torch.Tensor, grad: torch.Tensor) -> tuple[str | None, float | None] | None:
-        entry = self._entries.get(id(param))
-        if entry is None or entry[0]() is not grad or entry[1] != _version_of(grad):
-            return None
-        return entry[2], entry[3]
-
-    def store(self, param: torch.Tensor, grad: torch.Tensor, digest: str | None, norm: float | None) -> None:
-        version = _version_of(grad)
-        if version is None:
-            return
-        try:
-            self._entries[id(param)] = (weakref.ref(grad), version, digest, norm)
-        except TypeError:  # a tensor type without weak references: just do not cache it
-            pass
-
-    def clear(self) -> None:
-        self._entries.clear()
-        self._static.clear()
-
-
-def snapshot_attrs(
-    entries: Iterable[ParamEntry], *, data: bool = True, memo: "SnapshotMemo | None" = None
-) -> list[tuple[ParamEntry, dict[str, Any]]]:
-    """Attributes of each parameter: metadata, grad digest/norm and (if ``data``) data digest/norm.
-
-    Around ``zero_grad`` only gradients can change, so those snapshots skip the data
-    (the most expensive half on large models); the step snapshots carry both.  A tied
-    parameter is digested once and reported under each of its names.  Everything
-    still to be summarised goes through one digest call and one batched norm call, so
-    the fixed cost per snapshot does not grow with the number of kinds of tensors.
-    """
-    entries = list(entries)
-    primaries = [entry for entry in entries if entry.alias_of is None]
-    count = len(primaries)
-    grad_digests: list[str | None] = [None] * count
-    grad_norms: list[float | None] = [None] * count
-    with torch.no_grad():
-        grads = [entry.param.grad for entry in primaries]
-        # (position in primaries, tensor) of gradients that need summarising now
-        todo: list[tuple[int, torch.Tensor]] = []
-        for index, grad in enumerate(grads):
-            if grad is None:
-                continue
-            cached = memo.lookup(primaries[index].param, grad) if memo is not None else None
-            if cached is None:
-                todo.append((index, grad.detach()))
-            else:
-                grad_digests[index], grad_norms[index] = cached
-        datas = [entry.param.detach() for entry in primaries] if data else []
-        tensors = datas + [tensor for _, tensor in todo]
-        digests = tensor_digests(tensors)
-        norms = _norms(tensors)
-    for offset, (index, _) in enumerate(todo, start=len(datas)):
-        grad_digests[index], grad_norms[index] = digests[offset], norms[offset]
-        if memo is not None:
-            memo.store(primaries[index].param, grads[index], digests[offset], norms[offset])  # type: ignore[arg-type]
-    by_param: dict[int, dict[str, Any]] = {}
-    for index, entry in enumerate(primaries):
-        param = entry.param
-        attrs = dict(_static_attrs(entry, param, memo))
-        attrs["grad_digest"] = grad_digests[index]
-        attrs["grad_norm"] = grad_norms[index]
-        if data:
-            attrs["data_digest"] = digests[index]
-            attrs["data_norm"] = norms[index]
-        by_param[id(param)] = attrs
-    results = []
-    for entry in entries:
-        attrs = by_param.get(id(entry.param))
-        if attrs is None:
-            continue  # an alias whose primary is not part of this snapshot
-        if entry.alias_of is not None:
-            attrs = {**attrs, "module": entry.module, "mtype": entry.mtype, "alias_of": entry.alias_of}
-        results.append((entry, attrs))
-    return results
-
-
-def _static_attrs(entry: ParamEntry, param: torch.Tensor, memo: "SnapshotMemo | None") -> dict[str, Any]:
-    """A parameter's metadata attributes, rebuilt only when something they derive from changed.
-
-    The same parameters are snapshotted several times per step; their shape, dtype,
-    device and flags almost never change, and turning them into strings and lists
-    per snapshot is most of a small parameter's snapshot cost.  The key is read from
-    the tensor every time, so a change (``requires_grad_(False)``, ``.to()``) shows;
-    sharding marks (`PARALLEL_ATTRIBUTES`) are read when the parameter is first seen,
-    which is when frameworks set them.
-    """
-    key = (param.shape, param.dtype, param.device, param.requires_grad, param.is_leaf, entry.module, entry.mtype,
-           entry.holder)
-    cached = memo.static_attrs(param, key) if memo is not None else None
-    if cached is not None:
-        return cached
-    shape, dtype, numel = _layout(param)
-    attrs: dict[str, Any] = {
-        "shape": list(shape),
-        "dtype": dtype,
-        "device": _device_name(param.device),
-        "requires_grad": param.requires_grad,
-        "is_leaf": param.is_leaf,
-        "numel": numel,
-        "grad_digest": None,
-        "grad_norm": None,
-        "module": entry.module,
-        "mtype": entry.mtype,
-    }
-    if entry.holder is not None:
-        attrs["holder"] = entry.holder
-    reason = skip_reason(param)
-    if reason is not None:
-        attrs["digest_skipped"] = reason
-    parallel = _parallel_attributes(param)
-    if parallel:
-        attrs["parallel"] = parallel
-    if memo is not None:
-        memo.store_static_attrs(param, key, attrs)
-    return attrs
-
-
-def _parallel_attributes(param: torch.Tensor) -> dict[str, Any]:
-    extra = getattr(param, "__dict__", None)
-    if not extra:
-        return {}
-    return {
-        key: extra[key]
-        for key in PARALLEL_ATTRIBUTES
-        if key in extra and (extra[key] is None or isinstance(extra[key], (bool, int, float, str)))
-    }

@@ -38,7 +38,8 @@ from invariants.events import (
 )
 
 from .module_facts import FirstForwards
-from .params import SnapshotMemo, ParameterRegistry, snapshot_attrs
+from .param_snapshots import SnapshotMemo, snapshot_attrs
+from .params import ParameterRegistry
 from .recorder import StepRecorder
 from .ownership import ParameterOwnership
 from .selection import Selection

@@ -253,7 +253,8 @@ def test_internal_errors_never_reach_the_training_loop(tmp_path, capsys, monkeyp
 
 
 def test_odd_parameters_degrade_gracefully(tmp_path):
-    from producers.params import ParamEntry, snapshot_attrs
+    from producers.param_snapshots import snapshot_attrs
+    from producers.params import ParamEntry
 
     counter = nn.Parameter(torch.arange(3), requires_grad=False)
     empty = nn.Parameter(torch.zeros(0))
@@ -579,7 +580,8 @@ def test_tied_parameters_are_snapshotted_under_every_name(tmp_path):
 
 
 def test_framework_parallel_attributes_are_captured():
-    from producers.params import ParamEntry, snapshot_attrs
+    from producers.param_snapshots import snapshot_attrs
+    from producers.params import ParamEntry
 
     shard = nn.Parameter(torch.ones(4))
     shard.tensor_model_parallel = True

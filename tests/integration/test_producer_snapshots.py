@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from producers.digest import tensor_digest
-from producers.params import ParameterRegistry, SnapshotMemo, snapshot_attrs
+from producers.param_snapshots import SnapshotMemo, snapshot_attrs
+from producers.params import ParameterRegistry
 
 
 def _grad_attrs(registry: ParameterRegistry, memo: SnapshotMemo) -> dict[str, tuple[str | None, float | None]]:
