@@ -9,7 +9,14 @@ compiled (``._orig_mod``) and trainer-framework wrappers (``._forward_module``).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Iterator
+
 import torch
+
+if TYPE_CHECKING:
+    from .params import ParameterRegistry
+    from .recorder import StepRecorder
 
 _WRAPPED_ATTRIBUTES = ("_orig_mod", "_forward_module")
 _MAX_WRAPPERS = 4
@@ -69,3 +76,41 @@ def stage_of(model: torch.nn.Module, roots: list[torch.nn.Module]) -> str:
         if other is not model and other.training and any(p.requires_grad for p in other.parameters()):
             return "train"
     return "eval"
+
+
+class StageSwitching:
+    """The stage of a `Tracer` (a mixin): explicit annotations win over ``train()``/``eval()``."""
+
+    stage: str
+    _explicit_stages: list[str]
+    _tail_start: int | None
+    recorder: "StepRecorder"
+    registry: "ParameterRegistry"
+
+    @contextmanager
+    def explicit_stage(self, name: str) -> Iterator[None]:
+        """A user-annotated stage wins over the automatic one until the block ends."""
+        previous = self.stage
+        self._explicit_stages.append(name)
+        self.stage = name
+        try:
+            yield
+        finally:
+            self._explicit_stages.pop()
+            self.stage = self._explicit_stages[-1] if self._explicit_stages else previous
+
+    def _set_auto_stage(self, stage: str) -> None:
+        if self._explicit_stages:
+            return
+        if stage == "eval" and self.stage == "train" and self._tail_start is not None:
+            # What ran since the last iteration ended (a test function re-seeding before
+            # it calls ``model.eval()``) belongs to the evaluation, not to training.
+            self.recorder.relabel_stage(self._tail_start, "train", "eval")
+        self.stage = stage
+
+    def mode_switched(self, module: torch.nn.Module) -> None:
+        """After ``train()``/``eval()``: a model switched changes the stage at once."""
+        if self.stage == "init" or not isinstance(module, torch.nn.Module):
+            return  # setup keeps its stage until the first forward
+        if holds_model(module, self.registry.roots()):
+            self._set_auto_stage(stage_of(module, self.registry.roots()))

@@ -23,8 +23,7 @@ import threading
 import time
 import traceback
 import weakref
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 
@@ -34,7 +33,6 @@ from invariants.events import (
     OPTIMIZER_STEP,
     OPTIMIZER_ZERO_GRAD,
     PARAMETER_VTYPE,
-    WORKER_INIT_API,
 )
 
 from .module_facts import FirstForwards
@@ -44,15 +42,13 @@ from .recorder import StepRecorder
 from .ownership import ParameterOwnership
 from .selection import Selection
 from .ownership import deliberate_reset
-from .stages import holds_model, stage_of
+from .stages import StageSwitching
 from .forward_hooks import ForwardHooks
 from .stepping import StepBoundaries
 from .summaries import summarize
-from .workers import worker_seed_report
+from .workers import WorkerReports
 
 SNAPSHOT_APIS = frozenset({OPTIMIZER_STEP, OPTIMIZER_ZERO_GRAD})
-#: How long a DataLoader worker waits, once at its start, for its seed report to be delivered.
-WORKER_REPORT_DELIVERY_S = 2.0
 
 
 def _is_compiling() -> bool:
@@ -87,7 +83,7 @@ class CallToken:
         self.post_attrs: list[tuple[Any, dict[str, Any]]] | None = None
 
 
-class Tracer(StepBoundaries, ForwardHooks):
+class Tracer(StepBoundaries, ForwardHooks, StageSwitching, WorkerReports):
     """Event production for one process (one rank, or one DataLoader worker)."""
 
     def __init__(
@@ -192,35 +188,6 @@ class Tracer(StepBoundaries, ForwardHooks):
     def thread_groups(self) -> set[str]:
         """Groups of wrapped calls in progress on this thread."""
         return self._tls.groups
-
-    # -- stages ---------------------------------------------------------------------
-    @contextmanager
-    def explicit_stage(self, name: str) -> Iterator[None]:
-        """A user-annotated stage wins over the automatic one until the block ends."""
-        previous = self.stage
-        self._explicit_stages.append(name)
-        self.stage = name
-        try:
-            yield
-        finally:
-            self._explicit_stages.pop()
-            self.stage = self._explicit_stages[-1] if self._explicit_stages else previous
-
-    def _set_auto_stage(self, stage: str) -> None:
-        if self._explicit_stages:
-            return
-        if stage == "eval" and self.stage == "train" and self._tail_start is not None:
-            # What ran since the last iteration ended (a test function re-seeding before
-            # it calls ``model.eval()``) belongs to the evaluation, not to training.
-            self.recorder.relabel_stage(self._tail_start, "train", "eval")
-        self.stage = stage
-
-    def mode_switched(self, module: torch.nn.Module) -> None:
-        """After ``train()``/``eval()``: a model switched changes the stage at once."""
-        if self.stage == "init" or not isinstance(module, torch.nn.Module):
-            return  # setup keeps its stage until the first forward
-        if holds_model(module, self.registry.roots()):
-            self._set_auto_stage(stage_of(module, self.registry.roots()))
 
     def init_target_facts(self, tensor: Any) -> dict[str, bool]:
         """What an initialiser is about to destroy: ``trained``, its target was updated by
@@ -361,33 +328,6 @@ class Tracer(StepBoundaries, ForwardHooks):
 
     def record_meta(self, what: str, **fields: Any) -> None:
         self.recorder.append(self._event("meta", what=what, **fields))
-
-    # -- DataLoader workers -----------------------------------------------------------
-    def worker_started(self, worker_id: int, num_workers: int, *, step: int | None = None) -> None:
-        """The one event a DataLoader worker sends: its seeds, then it stays quiet.
-
-        ``step`` is the step that started the worker (see `WorkerStepTag`); a worker
-        started by ``spawn`` would otherwise report step 0.
-        """
-        if step is not None and step >= 0:
-            self.recorder.step = step
-        event = self._event(
-            "call",
-            name="torch.utils.data._utils.worker._worker_loop",
-            api=WORKER_INIT_API,
-            phase="post",
-            cid=next(self._cids),
-            parent=None,
-            args=worker_seed_report(worker_id, num_workers),
-            ret=None,
-            ctx=self._ctx(),
-        )
-        self.recorder.append(event)
-        self.recorder.flush_partial()
-        # A worker's only batch must not wait for the worker's exit: the workers still
-        # running when training ends are terminated, not shut down, and a stream checker
-        # holds the step open until every announced worker has reported.
-        self.recorder.wait_delivered(WORKER_REPORT_DELIVERY_S)
 
     def reset_after_fork(self) -> None:
         """A forked child (DataLoader worker) inherits our state: make it quiet and fresh."""

@@ -12,10 +12,19 @@ from __future__ import annotations
 
 import random
 import sys
-from typing import Any
+import itertools
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import xxhash
+
+from invariants.events import WORKER_INIT_API
+
+if TYPE_CHECKING:
+    from .recorder import StepRecorder
+
+#: How long a DataLoader worker waits, once at its start, for its seed report to be delivered.
+WORKER_REPORT_DELIVERY_S = 2.0
 
 
 def worker_seed_report(worker_id: int, num_workers: int) -> dict[str, Any]:
@@ -66,3 +75,38 @@ def dataset_rng_digest(dataset: Any) -> str | None:
             found = True
             hasher.update(name.encode() + b"=" + repr(state).encode())
     return hasher.hexdigest() if found else None
+
+
+class WorkerReports:
+    """A DataLoader worker's seed report, sent by a `Tracer` (a mixin) in the worker."""
+
+    recorder: "StepRecorder"
+    _cids: "itertools.count[int]"
+    _event: Callable[..., dict[str, Any]]
+    _ctx: Callable[[], dict[str, Any]]
+
+    def worker_started(self, worker_id: int, num_workers: int, *, step: int | None = None) -> None:
+        """The one event a DataLoader worker sends: its seeds, then it stays quiet.
+
+        ``step`` is the step that started the worker (see `WorkerStepTag`); a worker
+        started by ``spawn`` would otherwise report step 0.
+        """
+        if step is not None and step >= 0:
+            self.recorder.step = step
+        event = self._event(
+            "call",
+            name="torch.utils.data._utils.worker._worker_loop",
+            api=WORKER_INIT_API,
+            phase="post",
+            cid=next(self._cids),
+            parent=None,
+            args=worker_seed_report(worker_id, num_workers),
+            ret=None,
+            ctx=self._ctx(),
+        )
+        self.recorder.append(event)
+        self.recorder.flush_partial()
+        # A worker's only batch must not wait for the worker's exit: the workers still
+        # running when training ends are terminated, not shut down, and a stream checker
+        # holds the step open until every announced worker has reported.
+        self.recorder.wait_delivered(WORKER_REPORT_DELIVERY_S)
