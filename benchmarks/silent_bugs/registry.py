@@ -9,51 +9,12 @@ to catch it. ``python registry.py`` prints it as JSON for tools outside Python.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import asdict
 
-HERE = Path(__file__).resolve().parent
+from bug_cases import TORCHRUN_2, BugCase, HealthyProgram, onset_step
+from field_bugs import FIELD_BUGS
 
-SINGLE = "single"
-TORCHRUN_2 = "torchrun-2"
-
-
-@dataclass(frozen=True)
-class BugCase:
-    id: str
-    title: str
-    #: The documented public case the reproduction is modelled on.
-    source: str
-    #: Names (API families, variable-name fragments) a violation should mention to count
-    #: as pointing at the root cause; matched case-insensitively as substrings.
-    root_cause: tuple[str, ...]
-    #: The invariant relation expected to catch it (a template name in docs/invariants.md).
-    expected_relation: str
-    launch: str = SINGLE
-    onset: int = 3
-    steps: int = 6
-    notes: str = ""
-    #: Why the shipped default set cannot catch it today (see GAPS.md), if it cannot.
-    gap: str = ""
-    script: str = field(default="")
-    #: The root-cause class (one short phrase): reproductions sharing it are the same
-    #: mistake in different programs; the benchmark counts classes and can hold one out.
-    cause_class: str = ""
-    #: The bug lives in the setup window (construction, initialisation, DataLoader start-up)
-    #: of a program that never trains: it is live from trace step 0 and ``onset`` is unused.
-    in_setup: bool = False
-
-    @property
-    def path(self) -> Path:
-        return HERE / (self.script or f"{self.id}.py")
-
-    def command(self, python: str, *, bug: bool, seed: int = 0, steps: int | None = None) -> list[str]:
-        """The training command, ready to be run under ``trainwatch collect -- ...``."""
-        launcher = [python] if self.launch == SINGLE else [
-            python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-        ]
-        flags = ["--onset", str(self.onset), "--steps", str(steps or self.steps), "--seed", str(seed)]
-        return launcher + [str(self.path)] + flags + (["--bug"] if bug else [])
+__all__ = ["ALL_BUGS", "BUGS", "BY_ID", "FIELD_BUGS", "RUN_MODEL_BUGS", "RUN_MODEL_HEALTHY", "BugCase", "onset_step"]
 
 
 BUGS: tuple[BugCase, ...] = (
@@ -160,151 +121,6 @@ BUGS: tuple[BugCase, ...] = (
 )
 
 
-#: Reproductions of mistakes reported in public issue trackers and forums, one program
-#: each, chosen to widen the set of root-cause classes. ``gap`` says, for those the shipped
-#: default set misses, what invariant or recorded fact would catch them.
-FIELD_BUGS: tuple[BugCase, ...] = (
-    BugCase(
-        "detached_backbone_features", "backbone features detached before the head; the backbone stops training",
-        "queenie88/A-GCN-4", ("backbone", "detach", "grad"), "EventContain (every trainable parameter gets a gradient)",
-        cause_class="computation graph cut by detach",
-        gap="the step rule needs only one changed parameter; no per-parameter rule that a parameter the optimizer "
-            "holds with requires_grad=True receives a gradient",
-    ),
-    BugCase(
-        "layers_in_python_list", "new adapter kept in a plain list; never registered, never trained",
-        "pytorch/pytorch-715", ("adapters", "Linear", "ModuleList"), "EventContain (modules in forward are registered)",
-        cause_class="submodule not registered",
-        gap="the producer snapshots only registered parameters; no rule relating the modules run inside a model's "
-            "forward to its registered submodules",
-    ),
-    BugCase(
-        "functional_dropout_in_eval", "F.dropout without training=self.training; dropout on during validation",
-        "pytorch/pytorch-26338", ("dropout", "training"), "TrainingFlag (F.dropout in stage eval)",
-        cause_class="dropout active at evaluation",
-    ),
-    BugCase(
-        "eval_without_eval_mode", "evaluation under no_grad but in training mode; BatchNorm stats updated on validation data",
-        "fxia22/pointnet.pytorch-19", ("eval", "BatchNorm", "training"), "TrainingFlag (no-grad forwards run in eval mode)",
-        cause_class="BatchNorm statistics updated by evaluation data",
-    ),
-    BugCase(
-        "step_in_validation", "validation loop keeps backward() and optimizer.step(); trains on validation data",
-        "SKrisanski/FSCT-12", ("Optimizer.step", "backward", "stage 'eval'"), "APIAbsent (no step in stage eval)",
-        cause_class="training on validation data",
-    ),
-    BugCase(
-        "optimizer_recreated_each_epoch", "Adam re-created every epoch; moment estimates reset",
-        "gaohongkui/GlobalPointer_pytorch-7", ("Optimizer", "Adam", "state"), "APIArg (optimizer identity stable)",
-        cause_class="optimizer state reset",
-        gap="no rule on optimizer identity or state continuity across steps; the trace of the buggy run also "
-            "counts only 4 of its 6 iterations",
-    ),
-    BugCase(
-        "ranks_init_unsynced", "fresh head drawn from a per-rank-seeded generator and not broadcast; replicas differ",
-        "antoyang/TubeDETR-15 / sparticlesteve/pytorch-benchmarks-1", ("2.weight", "2.bias", "broadcast"),
-        "Consistent (parameters equal across ranks)", launch=TORCHRUN_2,
-        cause_class="replicas initialised differently",
-    ),
-    BugCase(
-        "lr_diverges_across_ranks", "learning rate from rank-local data progress; ranks step with different rates",
-        "karpathy/nanochat-857", ("Optimizer.step", "lr", "0.weight", "2.weight"),
-        "APIArg (optimizer hyperparameters equal across ranks)", launch=TORCHRUN_2,
-        cause_class="per-rank hyperparameter divergence",
-    ),
-    BugCase(
-        "load_prefix_mismatch", "checkpoint keys prefixed with 'module.' merged into the model's own; nothing loaded",
-        "StackOverflow-61854165", ("load_state_dict", "module."), "APIArg (load_state_dict changes the parameters)",
-        cause_class="checkpoint silently not loaded",
-        gap="load_state_dict is not intercepted; no rule that a restore replaces the weights it is given",
-    ),
-    BugCase(
-        "loss_requires_grad_hack", "loss computed under no_grad, then loss.requires_grad = True; no parameter gets a gradient",
-        "ronghuaiyang/arcface-pytorch-56", ("Optimizer.step", "requires_grad"), "EventContain (step changes parameters)",
-        cause_class="graph broken, backward forced to run",
-    ),
-    BugCase(
-        "double_softmax", "model outputs softmax probabilities into cross_entropy",
-        "ariecattan/SciCo-2", ("softmax", "cross_entropy"), "APIOutput (loss input is logits)",
-        cause_class="loss input convention violated",
-        gap="neither softmax nor the loss functions are intercepted; no rule on what a classification loss receives",
-    ),
-    BugCase(
-        "mse_broadcast_target", "target (N,) against prediction (N, 1); MSE broadcasts to (N, N)",
-        "pytorch/pytorch-16045", ("mse_loss", "target"), "APIArg (loss input and target shapes equal)",
-        cause_class="loss target broadcast",
-        gap="loss functions are not intercepted; no rule that a regression loss's input and target have equal shapes",
-    ),
-    BugCase(
-        "amp_clip_scaled_grads", "clip_grad_norm_ on GradScaler-scaled gradients (unscale_ dropped)",
-        "milesial/Pytorch-UNet-468", ("clip_grad_norm_", "unscale_", "GradScaler"),
-        "APISequence (unscale_ before clip when a scaler is used)",
-        cause_class="AMP gradients clipped while scaled",
-        gap="GradScaler methods are not intercepted; no rule 'unscale_ before clip_grad_norm_ in steps that scale "
-            "the loss' (the clip's input norm, ~1e5, is not recorded either)",
-    ),
-    BugCase(
-        "clip_before_backward", "clip_grad_norm_ called between zero_grad() and backward(); clips nothing",
-        "Cranial-XIX/FAMO-4", ("clip_grad_norm_", "backward"), "APISequence (backward before clip)",
-        cause_class="gradient clipping misplaced",
-    ),
-    BugCase(
-        "clip_after_step", "clip_grad_norm_ called after optimizer.step(); every update unclipped",
-        "VGraphRNN/VGRNN-4", ("clip_grad_norm_", "Optimizer.step"), "APISequence (clip before step)",
-        cause_class="gradient clipping misplaced",
-    ),
-    BugCase(
-        "validation_backward_leaks_grads", "validation loss back-propagated; its gradients added to the next training step",
-        "harvardnlp/annotated-transformer-14", ("backward", "stage 'eval'"), "APIAbsent (no backward in stage eval)",
-        cause_class="validation gradients leak into training",
-    ),
-    BugCase(
-        "scheduler_stepped_per_batch", "epoch-based StepLR stepped every batch; learning rate collapses",
-        "hazdzz/stgcn-18", ("LRScheduler.step", "lr"), "APISequence (scheduler steps once per epoch)",
-        cause_class="learning-rate schedule stepped at the wrong frequency",
-        gap="LRScheduler.step is recorded but no shipped rule bounds how often it runs per optimizer step, and the "
-            "learning rate is not a checked quantity",
-    ),
-    BugCase(
-        "frozen_bn_stats_updated", "backbone frozen with requires_grad=False; its BatchNorm running stats keep moving",
-        "pytorch/pytorch-86590 / lightly-ai/lightly-1438", ("BatchNorm", "running_mean", "backbone"),
-        "TrainingFlag (modules with frozen parameters run in eval mode)",
-        cause_class="frozen BatchNorm statistics still updated",
-        gap="BatchNorm buffers are not compared across steps; no rule that a module whose parameters are all frozen "
-            "keeps its buffers (or runs in eval mode)",
-    ),
-    BugCase(
-        "distributed_sampler_no_set_epoch", "DistributedSampler.set_epoch not called; every epoch replays the same order",
-        "pytorch/pytorch-31771", ("set_epoch", "DistributedSampler"), "APIArg (batch content differs across epochs)",
-        launch=TORCHRUN_2,
-        cause_class="data order not reshuffled across epochs",
-        gap="the sampler's epoch and indices are not recorded; no rule that an epoch's batches differ from the "
-            "previous epoch's",
-    ),
-)
-
-
-@dataclass(frozen=True)
-class HealthyProgram:
-    """A healthy program with no buggy twin: it must come back clean."""
-
-    id: str
-    title: str
-    source: str
-    launch: str = SINGLE
-    steps: int = 6
-
-    @property
-    def path(self) -> Path:
-        return HERE / f"{self.id}.py"
-
-    def command(self, python: str, *, seed: int = 0, steps: int | None = None) -> list[str]:
-        launcher = [python] if self.launch == SINGLE else [
-            python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-        ]
-        return launcher + [str(self.path), "--steps", str(steps or self.steps), "--seed", str(seed)]
-
-
 #: Programs shaped the way real training code is rather than the way the producer first
 #: modelled it: updates without ``torch.optim``, closures, ``Module.zero_grad``, several
 #: optimizers, steps that change nothing, programs that never train, compiled DDP, and
@@ -373,14 +189,6 @@ RUN_MODEL_HEALTHY: tuple[HealthyProgram, ...] = (
 ALL_BUGS: tuple[BugCase, ...] = BUGS + RUN_MODEL_BUGS + FIELD_BUGS
 
 BY_ID = {case.id: case for case in ALL_BUGS}
-
-
-def onset_step(onset: int, *, in_setup: bool, setup_window: bool) -> int:
-    """The trace step at which a bug is live: 0 for a setup-window bug; otherwise its
-    iteration index ``onset``, shifted by one when the trace opens with a setup window."""
-    if in_setup:
-        return 0
-    return onset + (1 if setup_window else 0)
 
 
 def as_json() -> str:
