@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any, Iterator, Mapping
 
 from ..window import FactPlan
-from .base import Site, Template
+from .base import Mode, Site, Template
 
 from .view import WindowView
 MAX_NAMES_IN_EVIDENCE = 12
@@ -47,21 +47,22 @@ class StableVariables(Template):
     def allows_precondition(self, family: tuple) -> bool:
         return False
 
-    def sites(self, view: WindowView, families: Any = None, plan: Any = None) -> Iterator[Site]:
+    def sites(self, view: WindowView, mode: Mode) -> Iterator[Site]:
         if view.step == 0 or not view.variable_counts:
             return
+        checking = mode.checking
         for rank in view.ranks():
             facts = view.facts(rank)
             for at in sorted(facts["states"]):
                 family = ("count", at)
-                if families is not None and family not in families:
+                if not mode.wants(family):
                     continue
                 baseline = view.variable_counts.get(at, {}).get(rank)
                 if baseline is None:
                     continue
                 names = snapshot_names(facts, at)
                 holds = len(names) == baseline
-                if holds and families is not None:
+                if holds and checking:
                     continue
                 yield Site(
                     family=family,
