@@ -209,7 +209,7 @@ class Engine:
         record stays small however large the declared world is."""
         inv = ALL_RANKS_REPORT
         missing = window.missing_ranks()
-        reported = sorted(r for r, f in window.ranks.items() if f["ended"])
+        reported = sorted(r for r, f in window.ranks.items() if f.ended)
         found[inv.id] = Violation(
             invariant=inv.id,
             relation=inv.relation,
@@ -241,5 +241,5 @@ class Engine:
         run_state.windows_closed += 1
         run_state.violations += violations
         for rank, facts in window.ranks.items():
-            if facts["ended"] and window.step > run_state.last_step_by_rank.get(rank, -1):
+            if facts.ended and window.step > run_state.last_step_by_rank.get(rank, -1):
                 run_state.last_step_by_rank[rank] = window.step

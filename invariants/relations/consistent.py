@@ -114,7 +114,7 @@ class Consistent(Template):
         ranks = view.ranks()
         points: set[str] = set()
         for rank in ranks:
-            points.update(view.facts(rank)["states"])
+            points.update(view.facts(rank).states)
         for at in sorted(points):
             if not checking:
                 rank_attrs, tie_attrs, alias_attrs = _point_attrs(at, mode.wants)

@@ -87,7 +87,7 @@ class EventContain(Template):
     def _state_sites(self, view: WindowView, mode: Mode) -> Iterator[Site]:
         checking, plan = mode.checking, mode.plan
         for rank in view.ranks():
-            states = view.facts(rank)["states"]
+            states = view.facts(rank).states
             for at, per_call in states.items():
                 if not at.startswith("pre:"):
                     continue

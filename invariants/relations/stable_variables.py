@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Mapping
 
+from ..rank_facts import RankFacts
 from ..window import FactPlan
 from .base import Mode, Site, Template
 
@@ -24,9 +25,9 @@ from .view import WindowView
 MAX_NAMES_IN_EVIDENCE = 12
 
 
-def snapshot_names(facts: dict[str, Any], at: str) -> set[str]:
+def snapshot_names(facts: RankFacts, at: str) -> set[str]:
     names: set[str] = set()
-    for per_call in (facts["states"].get(at) or {}).values():
+    for per_call in (facts.states.get(at) or {}).values():
         names.update(per_call)
     return names
 
@@ -35,7 +36,7 @@ def variable_counts(window: Any) -> dict[str, dict[int, int]]:
     """Baseline of a run: at -> rank -> number of variables, from its step-0 window."""
     counts: dict[str, dict[int, int]] = {}
     for rank, facts in window.ranks.items():
-        for at in facts["states"]:
+        for at in facts.states:
             counts.setdefault(at, {})[int(rank)] = len(snapshot_names(facts, at))
     return counts
 
@@ -53,7 +54,7 @@ class StableVariables(Template):
         checking = mode.checking
         for rank in view.ranks():
             facts = view.facts(rank)
-            for at in sorted(facts["states"]):
+            for at in sorted(facts.states):
                 family = ("count", at)
                 if not mode.wants(family):
                     continue
