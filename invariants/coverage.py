@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .events import PRODUCER_STATS_META, RUN_END_META, RUN_START_META
+from .rank_facts import RankFacts
 
 if TYPE_CHECKING:
     from .window import WindowState
@@ -41,27 +42,27 @@ def _count(value: Any) -> int | None:
     return value if value.__class__ is int and value >= 0 else None
 
 
-def note_step_end(facts: dict[str, Any], event: Any) -> None:
+def note_step_end(facts: RankFacts, event: Any) -> None:
     """Keep what a rank's step end says the window held (run model flags)."""
     if event.setup is True:
-        facts["setup"] = True
+        facts.setup = True
     if event.trained.__class__ is bool:
-        facts["trained"] = event.trained
+        facts.trained = event.trained
 
 
-def note_meta(facts: dict[str, Any], event: Any) -> None:
+def note_meta(facts: RankFacts, event: Any) -> None:
     """Keep the producer's own account: run_end counts, dropped batches, snapshot sampling."""
     what = event.what
     if what == RUN_END_META:
-        facts["run_end"] = [_count(event.iterations), _count(event.optimizer_steps)]
+        facts.run_end = [_count(event.iterations), _count(event.optimizer_steps)]
     elif what == PRODUCER_STATS_META:
         dropped = _count(event.dropped_batches)
         if dropped:  # cumulative per process: the newest is the largest
-            facts["dropped_batches"] = max(facts.get("dropped_batches", 0), dropped)
+            facts.dropped_batches = max(facts.dropped_batches, dropped)
     elif what == RUN_START_META and isinstance(event.config, dict):
         every = _count(event.config.get("sample_every"))
         if every and every > 1:
-            facts["sample_every"] = every
+            facts.sample_every = every
 
 
 @dataclass(frozen=True)
@@ -104,20 +105,20 @@ def window_coverage(window: WindowState) -> WindowCoverage:
     """What one closing window checked, per rank that reported its end."""
     checked = []
     for rank, facts in sorted(window.ranks.items()):
-        if not facts.get("ended"):
+        if not facts.ended:
             continue
-        steps = facts.get("optimizer_steps", 0)
-        trained = facts.get("trained")
-        marked = "setup" in facts or trained is not None  # a producer of the run model
-        reported = facts.get("run_end")
+        steps = facts.optimizer_steps
+        trained = facts.trained
+        marked = facts.setup or trained is not None  # a producer of the run model
+        reported = facts.run_end
         checked.append(RankWindow(
             rank=rank,
             iteration=trained if trained is not None else steps > 0,
-            setup=facts.get("setup") is True or (window.step == 0 and not marked),
+            setup=facts.setup or (window.step == 0 and not marked),
             optimizer_steps=steps,
             reported=(reported[0], reported[1]) if reported else None,
-            dropped_batches=facts.get("dropped_batches", 0),
-            sample_every=facts.get("sample_every", 1),
+            dropped_batches=facts.dropped_batches,
+            sample_every=facts.sample_every,
         ))
     ended = {r.rank for r in checked}
     missing = max(0, window.world - len(ended))

@@ -25,6 +25,7 @@ from .invariant_set import InvariantSet
 from .model import Violation
 from .precondition import needs_records
 from .relations import ALL_RANKS_REPORT
+from .relations.base import Checking
 from .relations.view import WindowView
 from .relations.baselines import FIRST_ITERATION_STEP, merge_baselines, replication_baseline, tie_baseline
 from .relations.stable_variables import variable_counts
@@ -136,9 +137,10 @@ class Engine:
         view = WindowView(window, run_state.rank_local, run_state.variable_counts, run_state.ties)
         found: dict[str, Violation] = {}
         counts: dict[str, int] = {}
-        for template, families, plan in self._checks():
+        for template, mode in self._checks():
             holds, applicable = template.holds, template.applicable
-            for site in template.sites(view, families, plan):
+            families = mode.families
+            for site in template.sites(view, mode):
                 for compiled in families.get(site.family, ()):
                     value = compiled.value
                     if value is None:
@@ -160,18 +162,18 @@ class Engine:
         self._update_run_state(window, run_state, len(violations))
         return violations
 
-    def _checks(self) -> list[tuple[Any, dict[tuple, list], Any]]:
-        """(template, families, check plan) per relation of the deployed set.
+    def _checks(self) -> list[tuple[Any, Checking]]:
+        """(template, checking mode) per relation of the deployed set.
 
-        Built on the first evaluation and kept with the set it was built from: plans
-        depend on the deployed families only, never on a window.
+        Built on the first evaluation and kept with the set it was built from: check
+        plans depend on the deployed families only, never on a window.
         """
         cached = getattr(self, "_checks_of", None)
         if cached is None or cached[0] is not self.invariant_set:
             checks = []
             for families in self.invariant_set.by_family.values():
                 template = next(iter(families.values()))[0].template
-                checks.append((template, families, template.check_plan(families)))
+                checks.append((template, Checking.of(template, families)))
             cached = self._checks_of = (self.invariant_set, checks)
         return cached[1]
 
@@ -207,7 +209,7 @@ class Engine:
         record stays small however large the declared world is."""
         inv = ALL_RANKS_REPORT
         missing = window.missing_ranks()
-        reported = sorted(r for r, f in window.ranks.items() if f["ended"])
+        reported = sorted(r for r, f in window.ranks.items() if f.ended)
         found[inv.id] = Violation(
             invariant=inv.id,
             relation=inv.relation,
@@ -239,5 +241,5 @@ class Engine:
         run_state.windows_closed += 1
         run_state.violations += violations
         for rank, facts in window.ranks.items():
-            if facts["ended"] and window.step > run_state.last_step_by_rank.get(rank, -1):
+            if facts.ended and window.step > run_state.last_step_by_rank.get(rank, -1):
                 run_state.last_step_by_rank[rank] = window.step

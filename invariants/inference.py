@@ -30,7 +30,7 @@ from .invariant_set import InvariantSet
 from .model import Invariant
 from .precondition_inference import SignatureCache, infer_precondition
 from .relations import TEMPLATES
-from .relations.base import Template
+from .relations.base import INFER, Template
 from .relations.view import WindowView
 from .relations.baselines import FIRST_ITERATION_STEP, merge_baselines, replication_baseline, tie_baseline
 from .relations.identity import keyed_on_user_class
@@ -101,7 +101,7 @@ class Inferencer:
             fields = template.inference_fields
             last_records: Any = None
             sig: frozenset = frozenset()
-            for site in template.sites(view):
+            for site in template.sites(view, INFER):
                 records = site.get_records()
                 if records is not last_records:  # sites of one variable/call share their records
                     last_records = records

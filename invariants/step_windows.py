@@ -102,7 +102,7 @@ class StepWindows:
         stopped mid-step (job killed, trace cut): it is dropped and counted in
         ``partial_windows`` rather than reported as every rank missing.
         """
-        tails = [k for k, w in self.windows.items() if not any(f["ended"] for f in w.ranks.values())]
+        tails = [k for k, w in self.windows.items() if not any(f.ended for f in w.ranks.values())]
         for key in tails:
             window = self.windows.pop(key)
             if self.on_unfinished is not None:

@@ -3,27 +3,9 @@
 A window never keeps raw event lists.  `FactPlan` says which facts the deployed
 invariants can ever look at (which APIs, which snapshot points, which attributes and
 arguments); `WindowState.add_batch` keeps exactly those.  For inference the plan is
-`FactPlan.everything()`.  The state is plain dicts/lists/scalars so that it
+`FactPlan.everything()`.  Each rank's facts are a `RankFacts`; the state
 round-trips through msgpack (`to_bytes`/`from_bytes`) and can live in a Faust table
 with a changelog.
-
-Kept per rank:
-
-``calls``   one small dict per recorded call of a planned API: api, pid, cid, parent,
-            stage, module/mtype/training (``Module.forward``), the receiver's id
-            (``obj``), the optimizers a ``Module.zero_grad`` clears (``clears``),
-            whether an initialiser's target was trained (``trained``) or held learned
-            values (``learned``), whether an optimizer's gradients were cleared since
-            its previous step (``cleared``), filtered args,
-            return summary, ctx, whether it raised, and its order in the rank's stream
-``links``   ``"pid:cid" -> parent cid`` for every call, only when a plan needs to know
-            which calls happen inside which (EventContain with a call child)
-``states``  ``at -> call key -> name -> attrs`` snapshots at planned points
-``ended``   the rank reported this step's end; ``stage`` its stage at that time
-``workers`` DataLoader workers the rank announced for this step, and the pids of
-            those that reported: a window is complete only once they all did, since
-            their batches travel on their own connections and arrive after the
-            rank's step end (a rule about distinct worker seeds needs all of them)
 """
 
 from __future__ import annotations
@@ -35,6 +17,7 @@ import msgpack
 
 from .coverage import note_meta, note_step_end
 from .events import DATALOADER_WORKERS_META, OPTIMIZER_STEP, WORKER_INIT_API
+from .rank_facts import RankFacts
 from .wire import UNSET, payload, wire_types
 
 #: Snapshot attributes worth keeping for preconditions and evidence, besides digests.
@@ -96,17 +79,15 @@ class WindowState:
         self.run = run
         self.step = step
         self.world = world
-        #: rank -> {"ended": bool, "stage": str, "calls": [...], "links": {...}, "states": {...}}
-        self.ranks: dict[int, dict[str, Any]] = {}
+        self.ranks: dict[int, RankFacts] = {}
         self.batches = 0
         self.events = 0
 
     # ------------------------------------------------------------------ folding
-    def rank(self, rank: int) -> dict[str, Any]:
+    def rank(self, rank: int) -> RankFacts:
         facts = self.ranks.get(rank)
         if facts is None:
-            facts = {"ended": False, "stage": "", "calls": [], "links": {}, "states": {}}
-            self.ranks[rank] = facts
+            facts = self.ranks[rank] = RankFacts()
         return facts
 
     def add_batch(self, batch: Any, plan: FactPlan) -> None:
@@ -124,9 +105,9 @@ class WindowState:
         self.events += len(events)
         facts = self.rank(batch.rank)
         seq = batch.seq
-        calls: list[dict[str, Any]] = facts["calls"]
-        links: dict[str, Any] = facts["links"]
-        states: dict[str, Any] = facts["states"]
+        calls = facts.calls
+        links = facts.links
+        states = facts.states
         open_calls: dict[str, dict[str, Any]] = {}
         apis = plan.apis
         points = plan.state_points
@@ -168,11 +149,11 @@ class WindowState:
                 phase = event.phase
                 key = f"{event.pid}:{event.cid}"
                 if api == WORKER_INIT_API:
-                    reported = facts.setdefault("worker_pids", [])
+                    reported = facts.worker_pids
                     if event.pid not in reported:
                         reported.append(event.pid)
                 elif api == OPTIMIZER_STEP and phase == "pre":  # coverage of producers without `trained`
-                    facts["optimizer_steps"] = facts.get("optimizer_steps", 0) + 1
+                    facts.optimizer_steps += 1
                 if keep_links and phase == "pre":
                     parent = event.parent
                     links[key] = None if parent is None else f"{event.pid}:{parent}"
@@ -196,18 +177,18 @@ class WindowState:
                         fact["ret"] = payload(event.ret)
             elif kind == "step":
                 if event.phase == "end":
-                    facts["ended"] = True
-                    facts["stage"] = event.stage
+                    facts.ended = True
+                    facts.stage = event.stage
                     note_step_end(facts, event)
             elif event.what == DATALOADER_WORKERS_META:
                 announced = event.workers
                 if announced.__class__ is int and announced > 0:
-                    facts["workers_expected"] = facts.get("workers_expected", 0) + announced
+                    facts.workers_expected += announced
             else:
                 note_meta(facts, event)
         # until the step ends, a rank's stage is that of its latest event
-        if not facts["ended"] and events and events[-1].stage:
-            facts["stage"] = events[-1].stage
+        if not facts.ended and events and events[-1].stage:
+            facts.stage = events[-1].stage
 
     @staticmethod
     def _fold_kwargs(fact: dict[str, Any], kwargs: Any, api: str, plan: FactPlan) -> None:
@@ -277,7 +258,7 @@ class WindowState:
 
     # ------------------------------------------------------------------ queries
     def ended_ranks(self) -> int:
-        return sum(1 for facts in self.ranks.values() if facts["ended"])
+        return sum(1 for facts in self.ranks.values() if facts.ended)
 
     def missing_count(self) -> int:
         """Ranks of the declared world that have not ended the step (ranks are < world)."""
@@ -291,14 +272,13 @@ class WindowState:
             if len(missing) >= limit:
                 break
             facts = self.ranks.get(rank)
-            if facts is None or not facts["ended"]:
+            if facts is None or not facts.ended:
                 missing.append(rank)
         return missing
 
     def missing_workers(self) -> int:
         """Announced DataLoader workers of this step that have not reported yet."""
-        return sum(max(0, facts.get("workers_expected", 0) - len(facts.get("worker_pids", ())))
-                   for facts in self.ranks.values())
+        return sum(max(0, facts.workers_expected - len(facts.worker_pids)) for facts in self.ranks.values())
 
     def is_complete(self) -> bool:
         return self.world > 0 and not self.missing_count() and not self.missing_workers()
@@ -307,8 +287,8 @@ class WindowState:
         """The window's stage: the most common stage among the ranks that reported."""
         counts: dict[str, int] = {}
         for facts in self.ranks.values():
-            if facts["stage"]:
-                counts[facts["stage"]] = counts.get(facts["stage"], 0) + 1
+            if facts.stage:
+                counts[facts.stage] = counts.get(facts.stage, 0) + 1
         if not counts:
             return ""
         return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[0][0]
@@ -316,7 +296,8 @@ class WindowState:
     # ------------------------------------------------------------------ bytes
     def to_bytes(self) -> bytes:
         return msgpack.packb(
-            [self.run, self.step, self.world, self.batches, self.events, self.ranks],
+            [self.run, self.step, self.world, self.batches, self.events,
+             {rank: facts.to_map() for rank, facts in self.ranks.items()}],
             use_bin_type=True, datetime=True,  # a decoded msgpack timestamp is a datetime
         )
 
@@ -326,10 +307,10 @@ class WindowState:
         state = cls(run, step, world)
         state.batches = batches
         state.events = events
-        state.ranks = {int(r): facts for r, facts in ranks.items()}
+        state.ranks = {int(r): RankFacts.from_map(facts) for r, facts in ranks.items()}
         return state
 
 
-def sorted_calls(facts: dict[str, Any]) -> list[dict[str, Any]]:
+def sorted_calls(facts: RankFacts) -> list[dict[str, Any]]:
     """A rank's calls in emission order, whatever order its batches arrived in."""
-    return sorted(facts["calls"], key=lambda c: (c["o"][0], c["o"][1]))
+    return sorted(facts.calls, key=lambda c: (c["o"][0], c["o"][1]))

@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import Any, Iterator, Mapping
 
 from ..window import FactPlan
-from .base import Site, Template
+from .base import Mode, Site, Template
 from .view import WindowView, freeze
 
 #: words of argument names whose values come from an RNG (seeds, RNG-state digests)
@@ -66,9 +66,9 @@ class APIArg(Template):
             wanted.setdefault((form, api), []).append(name)
         return wanted, frozenset(api for _, api in wanted)
 
-    def sites(self, view: WindowView, families: Any = None, plan: Any = None) -> Iterator[Site]:
+    def sites(self, view: WindowView, mode: Mode) -> Iterator[Site]:
         ranks = view.ranks()
-        wanted, wanted_apis = (None, None) if families is None else (plan if plan is not None else self.check_plan(families))
+        wanted, wanted_apis = mode.plan if mode.checking else (None, None)
         per_rank: dict[int, dict[str, list[dict[str, Any]]]] = {}
         for rank in ranks:
             grouped: dict[str, list[dict[str, Any]]] = {}
@@ -86,14 +86,15 @@ class APIArg(Template):
         apis = sorted(set().union(*(g.keys() for g in per_rank.values()))) if per_rank else []
         for api in apis:
             if wanted is None or ("ranks", api) in wanted:
-                yield from self._rank_sites(view, api, per_rank, families, None if wanted is None else wanted[("ranks", api)])
+                yield from self._rank_sites(view, api, per_rank, mode, None if wanted is None else wanted[("ranks", api)])
             if wanted is None or ("distinct", api) in wanted:
-                yield from self._distinct_sites(view, api, per_rank, families,
+                yield from self._distinct_sites(view, api, per_rank, mode,
                                                 None if wanted is None else wanted[("distinct", api)])
 
-    def _rank_sites(self, view: WindowView, api: str, per_rank: dict, families: Any,
+    def _rank_sites(self, view: WindowView, api: str, per_rank: dict, mode: Mode,
                     wanted_names: list[str] | None) -> Iterator[Site]:
         """``wanted_names``: the sorted argument names deployed rules are about (checking)."""
+        checking, families = mode.checking, mode.families
         holders = [r for r in sorted(per_rank) if api in per_rank[r]]
         if len(holders) < 2:
             return
@@ -106,11 +107,11 @@ class APIArg(Template):
                 names = [n for n in wanted_names if all(n in c["args"] for c in calls.values())]
             for name in names:
                 family = ("ranks", api, name)
-                if families is not None and family not in families:
+                if checking and family not in families:
                     continue
                 first = across_ranks(calls[holders[0]]["args"][name])
                 holds = all(across_ranks(c["args"][name]) == first for c in calls.values())
-                if holds and families is not None:
+                if holds and checking:
                     continue
                 odd = holders
                 evidence: dict[str, Any] = {}
@@ -132,8 +133,9 @@ class APIArg(Template):
                     evidence=evidence,
                 )
 
-    def _distinct_sites(self, view: WindowView, api: str, per_rank: dict, families: Any,
+    def _distinct_sites(self, view: WindowView, api: str, per_rank: dict, mode: Mode,
                         wanted_names: list[str] | None) -> Iterator[Site]:
+        checking, families = mode.checking, mode.families
         for rank in sorted(per_rank):
             all_calls = per_rank[rank].get(api) or []
             if len(all_calls) < 2:
@@ -144,7 +146,7 @@ class APIArg(Template):
                 names = [n for n in wanted_names if any(n in c["args"] for c in all_calls)]
             for name in names:
                 family = ("distinct", api, name)
-                if families is not None and family not in families:
+                if checking and family not in families:
                     continue
                 # None is "not applicable here" (a dataset that owns no RNG), never a value
                 calls = [c for c in all_calls if c["args"].get(name) is not None]
@@ -152,7 +154,7 @@ class APIArg(Template):
                     continue
                 values = [freeze(c["args"][name]) for c in calls]
                 holds = len(set(values)) == len(values)
-                if holds and families is not None:
+                if holds and checking:
                     continue
                 evidence = {}
                 if not holds:

@@ -35,7 +35,7 @@ from typing import Any, Iterator, Mapping
 
 from ..events import MODULE_FORWARD
 from ..window import FactPlan
-from .base import Lazy, Site, Template
+from .base import Lazy, Mode, Site, Template
 
 from .view import WindowView, freeze, is_number, is_scalar, thaw
 CONSTANT_PROPS = ("dtype",)
@@ -77,7 +77,7 @@ BATCH_KEEPING = ("same_as_input", MODULE_FORWARD, "", "0", "batch")
 
 
 def _batch_keeping_site(view: WindowView, call: dict[str, Any], rank: int, stage: str, arg: Any, ret: Any,
-                        families: Any) -> Site | None:
+                        checking: bool) -> Site | None:
     """The type-free "keeps its samples" site of one module forward, if it is one
     (callers ask only where the rule is wanted).
 
@@ -94,7 +94,7 @@ def _batch_keeping_site(view: WindowView, call: dict[str, Any], rank: int, stage
     if not isinstance(before, int) or not isinstance(after, int):
         return None
     holds = before == after
-    if holds and families is not None:
+    if holds and checking:
         return None
     # Dropping samples is wrong in every stage, precision and grad mode: the site keeps no
     # context that references happened to share, which would only blind the rule elsewhere.
@@ -127,10 +127,11 @@ def _names_a_bound(arg_name: Any) -> bool:
     return any(word in lowered for word in BOUND_WORDS)
 
 
-def _call_sites(view: WindowView, call: dict[str, Any], rank: int, plan: "_CallPlan", families: Any,
+def _call_sites(view: WindowView, call: dict[str, Any], rank: int, plan: "_CallPlan", mode: Mode,
                 found: list[Site]) -> None:
     """Append the sites of one returned call in ``plan``'s families (checking skips the
     boolean ones that held).  Its sites share one call record, built on first use."""
+    checking = mode.checking
     api = call["api"]
     mtype = call.get("mtype") or ""
     ret = call["ret"]
@@ -147,7 +148,7 @@ def _call_sites(view: WindowView, call: dict[str, Any], rank: int, plan: "_CallP
             found.append(Site(family, frozenset([value]), record, [rank], stage,
                               lambda value=value: {"call": call["key"], "module": call.get("module"), "observed": value}))
         if plan.batch_keeping:
-            site = _batch_keeping_site(view, call, rank, stage, args.get("0"), ret, families)
+            site = _batch_keeping_site(view, call, rank, stage, args.get("0"), ret, checking)
             if site is not None:
                 found.append(site)
         for arg_name, prop, family in plan.same_as_input:
@@ -158,7 +159,7 @@ def _call_sites(view: WindowView, call: dict[str, Any], rank: int, plan: "_CallP
             if before is None or after is None:
                 continue
             holds = before == after
-            if holds and families is not None:
+            if holds and checking:
                 continue
             if record is None:
                 record = Lazy(lambda: [view.call_record(call, rank)])
@@ -173,6 +174,7 @@ def _call_sites(view: WindowView, call: dict[str, Any], rank: int, plan: "_CallP
     outputs = _numeric_outputs(ret) if limits else None
     if not outputs:
         return
+    families = mode.families
     for arg_name, limit in limits:
         scopes = [mtype]
         if mtype and api == MODULE_FORWARD and arg_name in GENERATION_BUDGETS and _is_token_ids(ret):
@@ -180,10 +182,10 @@ def _call_sites(view: WindowView, call: dict[str, Any], rank: int, plan: "_CallP
         for out_name, out_value in outputs.items():
             for scope in scopes:
                 family = ("bounded", api, scope, arg_name, out_name)
-                if families is not None and family not in families:
+                if checking and family not in families:
                     continue
                 holds = out_value <= limit
-                if holds and families is not None:
+                if holds and checking:
                     continue
                 # A generation budget binds in every stage, precision and grad mode: the
                 # type-free rule keeps no context one reference happened to sample in,
@@ -266,16 +268,15 @@ class APIOutput(Template):
     def check_plan(self, families: Any) -> _CheckPlan:
         return _CheckPlan(families)
 
-    def sites(self, view: WindowView, families: Any = None, plan: _CheckPlan | None = None) -> Iterator[Site]:
-        if families is not None and plan is None:
-            plan = _CheckPlan(families)
+    def sites(self, view: WindowView, mode: Mode) -> Iterator[Site]:
+        checking, plan = mode.checking, mode.plan
         found: list[Site] = []
         for rank in view.ranks():
-            if plan is None:
+            if not checking:
                 for call in view.calls(rank):
                     if "ret" in call and not call.get("exc"):
                         everything = _CallPlan.everything(call["api"], call.get("mtype") or "", call.get("args") or {})
-                        _call_sites(view, call, rank, everything, None, found)
+                        _call_sites(view, call, rank, everything, mode, found)
                 continue
             # checking: only calls of APIs and module types some deployed rule is about
             by_api = view.calls_by_api(rank)
@@ -285,7 +286,7 @@ class APIOutput(Template):
                         continue
                     call_plan = plan.for_call(api, call.get("mtype") or "")
                     if call_plan is not None:
-                        _call_sites(view, call, rank, call_plan, families, found)
+                        _call_sites(view, call, rank, call_plan, mode, found)
         return iter(found)
 
     def params(self, family: tuple, value: Any) -> dict[str, Any]:

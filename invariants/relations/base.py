@@ -4,7 +4,8 @@ A template turns a closed window into *sites*: places where one of its hypothese
 can be tested.  The same sites feed inference (count positive/negative examples per
 hypothesis) and checking (look up the deployed invariants of that site's family and
 report the ones that fail while their precondition holds), so the two can never
-disagree about what a rule means.
+disagree about what a rule means.  Which of the two a call serves is its *mode*:
+`INFER`, or a `Checking` holding the deployed families and their check plan.
 
 Two kinds of site:
 
@@ -20,7 +21,7 @@ Two kinds of site:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, ClassVar, Iterator, Mapping, Union
 
 from ..precondition import needs_records
 from ..window import FactPlan
@@ -73,6 +74,50 @@ class Lazy:
         return self._records
 
 
+@dataclass(frozen=True, slots=True)
+class Inferring:
+    """Inference: every family is wanted, and a site that holds is a positive example,
+    so none may be skipped."""
+
+    checking: ClassVar[bool] = False
+    families: ClassVar[None] = None
+    plan: ClassVar[None] = None
+
+    def wants(self, family: tuple) -> bool:
+        return True
+
+
+INFER = Inferring()
+
+
+@dataclass(frozen=True, slots=True)
+class Checking:
+    """Checking against deployed rules: only their families are wanted, and a boolean
+    site that holds may be skipped, since no rule can fail there.
+
+    Built once per invariant set and template (`of`): the plan holds what the families
+    alone determine, so windows never rebuild it.  Hot loops read ``checking`` and
+    ``families`` into locals instead of calling `wants` per site.
+    """
+
+    #: deployed family -> its compiled rules
+    families: Mapping[tuple, Any]
+    #: `Template.check_plan` of ``families``
+    plan: Any
+
+    checking: ClassVar[bool] = True
+
+    @classmethod
+    def of(cls, template: "Template", families: Mapping[tuple, Any]) -> "Checking":
+        return cls(families, template.check_plan(families))
+
+    def wants(self, family: tuple) -> bool:
+        return family in self.families
+
+
+Mode = Union[Inferring, Checking]
+
+
 def reportable(families: Mapping[tuple, Any], family: tuple, records: list[Record]) -> bool:
     """Whether a deployed rule of a *boolean* family can report a site that failed it
     with these records: a failing boolean site is reported exactly where a rule's
@@ -96,20 +141,15 @@ class Template:
     #: record fields inference may build preconditions from (None = all of them)
     inference_fields: frozenset[str] | None = None
 
-    def sites(self, view: WindowView, families: Any = None, plan: Any = None) -> Iterator[Site]:
-        """Every testable site.
-
-        ``families`` (a container) means *checking*: only those families are wanted,
-        and boolean sites that hold may be skipped since no rule can fail there.
-        ``plan`` is `check_plan(families)`, passed by a caller that checks many windows
-        against the same families (built here when not given).
-        """
+    def sites(self, view: WindowView, mode: Mode) -> Iterator[Site]:
+        """Every testable site ``mode`` wants (`INFER`: all of them; `Checking`: those
+        of its families, less the boolean ones that held)."""
         return iter(())
 
     def check_plan(self, families: Any) -> Any:
         """Lookups derived from the deployed families alone (which APIs, pairs, points
-        they name), so that checking does not rebuild them for every window.  Nothing
-        in a plan may depend on a window."""
+        they name), kept in `Checking.plan` so that checking does not rebuild them for
+        every window.  Nothing in a plan may depend on a window."""
         return None
 
     def is_value_family(self, family: tuple) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..rank_facts import RankFacts
 from .view import WindowView, freeze
 
 RANK_ATTRS = ("data_digest", "grad_digest", "shape", "dtype")
@@ -19,13 +20,13 @@ RANK_ATTRS = ("data_digest", "grad_digest", "shape", "dtype")
 BEFORE_FIRST_UPDATE = "pre:torch.optim.Optimizer.step"
 
 
-def latest_by_name(facts: dict[str, Any], at: str) -> dict[str, dict[str, Any]]:
+def latest_by_name(facts: RankFacts, at: str) -> dict[str, dict[str, Any]]:
     """name -> attrs of the last snapshot at ``at`` (later calls win; call keys sort by pid:cid).
 
     Read-only: with a single snapshotting call (the common case) this is the window's
     own mapping, not a copy.
     """
-    per_call = facts["states"].get(at) or {}
+    per_call = facts.states.get(at) or {}
     if len(per_call) == 1:
         return next(iter(per_call.values()))
     merged: dict[str, dict[str, Any]] = {}
@@ -80,7 +81,7 @@ def replication_baseline(window: Any, *, before_update: bool = False) -> dict[st
         return result
     points: set[str] = set()
     for rank in ranks:
-        points.update(view.facts(rank)["states"])
+        points.update(view.facts(rank).states)
     if before_update:
         points &= {BEFORE_FIRST_UPDATE}
     # (name, its snapshots on the ranks holding it) per point, shared by every attribute
@@ -125,7 +126,7 @@ def tie_baseline(window: Any) -> list[list[str]]:
     """``[alias, primary]`` pairs of every tie snapshotted in a run's step-0 window."""
     pairs: set[tuple[str, str]] = set()
     for facts in window.ranks.values():
-        for per_call in facts["states"].values():
+        for per_call in facts.states.values():
             for snapshot in per_call.values():
                 for name, attrs in snapshot.items():
                     primary = attrs.get("alias_of")

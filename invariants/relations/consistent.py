@@ -27,10 +27,10 @@ Digests are full-tensor (every element counts), so equality is exact.
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from ..window import FactPlan
-from .base import Lazy, Site, Template
+from .base import Lazy, Mode, Site, Template
 from .view import WindowView, freeze
 from .baselines import BEFORE_FIRST_UPDATE, RANK_ATTRS, latest_by_name
 
@@ -39,11 +39,11 @@ TIED_ATTRS = ("data_digest",)
 MAX_TIE_GROUP = 4
 
 
-def _point_attrs(at: str, families: Any = None) -> tuple[list[str], list[str], list[str]]:
+def _point_attrs(at: str, wants: Callable[[tuple], bool]) -> tuple[list[str], list[str], list[str]]:
     """The attributes judged at snapshot point ``at`` by the ``ranks``, ``variables``
-    and ``aliases`` scopes (all of them without ``families``)."""
+    and ``aliases`` scopes, of the families ``wants`` accepts."""
     def wanted(scope: str, attrs: tuple[str, ...]) -> list[str]:
-        return [a for a in attrs if families is None or (scope, at, a) in families]
+        return [a for a in attrs if wants((scope, at, a))]
 
     return wanted("ranks", RANK_ATTRS), wanted("variables", TIED_ATTRS), wanted("aliases", TIED_ATTRS)
 
@@ -107,31 +107,30 @@ class Consistent(Template):
     def check_plan(self, families: Any) -> dict[str, tuple[list[str], list[str], list[str]]]:
         """Snapshot point -> the attributes its ``ranks``, ``variables`` and ``aliases``
         families are about (points no family names are left out)."""
-        return {f[1]: _point_attrs(f[1], families) for f in families}
+        return {f[1]: _point_attrs(f[1], families.__contains__) for f in families}
 
-    def sites(self, view: WindowView, families: Any = None, plan: Any = None) -> Iterator[Site]:
-        if families is not None and plan is None:
-            plan = self.check_plan(families)
+    def sites(self, view: WindowView, mode: Mode) -> Iterator[Site]:
+        checking, plan = mode.checking, mode.plan
         ranks = view.ranks()
         points: set[str] = set()
         for rank in ranks:
-            points.update(view.facts(rank)["states"])
+            points.update(view.facts(rank).states)
         for at in sorted(points):
-            if plan is None:
-                rank_attrs, tie_attrs, alias_attrs = _point_attrs(at)
-            elif at in plan:  # checking: the points no family names are skipped unread
+            if not checking:
+                rank_attrs, tie_attrs, alias_attrs = _point_attrs(at, mode.wants)
+            elif at in plan:  # the points no deployed family names are skipped unread
                 rank_attrs, tie_attrs, alias_attrs = plan[at]
             else:
                 continue
             snapshots = {rank: latest_by_name(view.facts(rank), at) for rank in ranks}
             if rank_attrs:
-                yield from self._rank_sites(view, at, snapshots, families, rank_attrs)
+                yield from self._rank_sites(view, at, snapshots, checking, rank_attrs)
             if tie_attrs:
                 yield from self._tie_sites(view, at, snapshots, tie_attrs)
             if alias_attrs:
-                yield from self._alias_sites(view, at, snapshots, families, alias_attrs)
+                yield from self._alias_sites(view, at, snapshots, checking, alias_attrs)
 
-    def _rank_sites(self, view: WindowView, at: str, snapshots: dict[int, dict[str, dict]], families: Any,
+    def _rank_sites(self, view: WindowView, at: str, snapshots: dict[int, dict[str, dict]], checking: bool,
                     wanted: list[str]) -> Iterator[Site]:
         present = [r for r, names in snapshots.items() if names]
         if len(present) < 2:
@@ -139,8 +138,8 @@ class Consistent(Template):
         # rank-local variables (expert/tensor-parallel shards) are not replicas
         local = {a: set(view.rank_local.get(a, ())) for a in wanted}
         has_local = any(local.values())
-        if families is not None and not has_local:
-            # checking: most steps agree everywhere; compare whole columns first
+        if checking and not has_local:
+            # most steps agree everywhere; compare whole columns first
             reference = snapshots[present[0]]
             if all(snapshots[r].keys() == reference.keys() for r in present[1:]):
                 wanted = _differing_attrs(reference, [snapshots[r] for r in present[1:]], wanted)
@@ -153,7 +152,7 @@ class Consistent(Template):
                 continue
             if any(_framework_sharded(snapshots[r][name]) for r in holders):
                 continue
-            if families is None:
+            if not checking:
                 records: Any = Lazy(lambda name=name, holders=holders: [view.state_record(snapshots[r][name], r)
                                                                           for r in holders])
             else:
@@ -166,7 +165,7 @@ class Consistent(Template):
                 if all(v == first for v in values.values()):
                     if first is None:
                         continue
-                    if families is not None:
+                    if checking:
                         continue
                     holds = True
                 else:
@@ -216,7 +215,7 @@ class Consistent(Template):
                     context=names,
                 )
 
-    def _alias_sites(self, view: WindowView, at: str, snapshots: dict[int, dict[str, dict]], families: Any,
+    def _alias_sites(self, view: WindowView, at: str, snapshots: dict[int, dict[str, dict]], checking: bool,
                      attrs: list[str]) -> Iterator[Site]:
         for attr in attrs:
             family = ("aliases", at, attr)
@@ -232,7 +231,7 @@ class Consistent(Template):
                 if not judged:
                     continue
                 broken = [(a, b) for a, b in judged if names[a][attr] != names[b][attr]]
-                if not broken and families is not None:
+                if not broken and checking:
                     continue
                 yield Site(
                     family=family,

@@ -22,10 +22,10 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from ..window import FactPlan
-from .base import Lazy, Site, Template, reportable
+from .base import Lazy, Mode, Site, Template, reportable
 from .view import SIGNIFICANT_GRAD_RATIO, SnapshotRecord, WindowView, freeze, is_scalar, thaw
 
 STATE_EFFECTS = (("data_digest", "changes"), ("data_digest", "preserves"), ("grad_digest", "cleared"))
@@ -50,26 +50,24 @@ def _cleared(attrs: Mapping[str, Any]) -> bool:
     return isinstance(norm, (int, float)) and norm == 0
 
 
-def _effects(api: str, families: Any = None) -> tuple[list[tuple[str, str, tuple]], list[tuple[str, str]]]:
+def _effects(api: str, wants: Callable[[tuple], bool]) -> tuple[list[tuple[str, str, tuple]], list[tuple[str, str]]]:
     """(attr, effect, family) of the per-variable effects and (attr, effect) of the
-    per-call effects judged at calls of ``api`` (all of them without ``families``)."""
-    variable = [(a, e, ("state", api, a, e)) for a, e in STATE_EFFECTS
-                if families is None or ("state", api, a, e) in families]
-    per_call = [(a, e) for a, e in CALL_EFFECTS if families is None or ("state", api, a, e) in families]
+    per-call effects judged at calls of ``api``, of the families ``wants`` accepts."""
+    variable = [(a, e, ("state", api, a, e)) for a, e in STATE_EFFECTS if wants(("state", api, a, e))]
+    per_call = [(a, e) for a, e in CALL_EFFECTS if wants(("state", api, a, e))]
     return variable, per_call
 
 
 class _CheckPlan:
     """The deployed families as lookups, built once per invariant set."""
 
-    __slots__ = ("state", "call_apis", "call_pairs")
+    __slots__ = ("state", "call_apis")
 
     def __init__(self, families: Any) -> None:
         #: api -> the effects of `_effects` that deployed rules name (APIs with none left out)
-        self.state = {f[1]: _effects(f[1], families) for f in families if f[0] == "state"}
-        #: (api, module type) pairs of the call-form families, and their APIs
-        self.call_pairs = frozenset((f[1], f[2]) for f in families if f[0] == "call")
-        self.call_apis = frozenset(api for api, _ in self.call_pairs)
+        self.state = {f[1]: _effects(f[1], families.__contains__) for f in families if f[0] == "state"}
+        #: the APIs of the call-form families
+        self.call_apis = frozenset(f[1] for f in families if f[0] == "call")
 
 
 class EventContain(Template):
@@ -81,24 +79,22 @@ class EventContain(Template):
     def check_plan(self, families: Any) -> "_CheckPlan":
         return _CheckPlan(families)
 
-    def sites(self, view: WindowView, families: Any = None, plan: "_CheckPlan | None" = None) -> Iterator[Site]:
-        if families is not None and plan is None:
-            plan = _CheckPlan(families)
-        yield from self._state_sites(view, families, plan)
-        yield from self._call_sites(view, families, plan)
+    def sites(self, view: WindowView, mode: Mode) -> Iterator[Site]:
+        yield from self._state_sites(view, mode)
+        yield from self._call_sites(view, mode)
 
     # ------------------------------------------------------------------ state changes
-    def _state_sites(self, view: WindowView, families: Any, plan: "_CheckPlan | None") -> Iterator[Site]:
-        checking = families is not None
+    def _state_sites(self, view: WindowView, mode: Mode) -> Iterator[Site]:
+        checking, plan = mode.checking, mode.plan
         for rank in view.ranks():
-            states = view.facts(rank)["states"]
+            states = view.facts(rank).states
             for at, per_call in states.items():
                 if not at.startswith("pre:"):
                     continue
                 api = at[4:]
-                if plan is None:
-                    wanted, per_call_wanted = _effects(api)
-                else:  # checking: the effects deployed rules name for this API
+                if not checking:
+                    wanted, per_call_wanted = _effects(api, mode.wants)
+                else:  # the effects deployed rules name for this API
                     effects = plan.state.get(api)
                     if effects is None:
                         continue
@@ -113,14 +109,14 @@ class EventContain(Template):
                         if site is not None and not (site.observed and checking):
                             yield site
                     if wanted:
-                        yield from self._variable_sites(view, rank, call_key, before, after, wanted, families)
+                        yield from self._variable_sites(view, rank, call_key, before, after, wanted, mode)
 
     @staticmethod
     def _variable_sites(view: WindowView, rank: int, call_key: str, before: Mapping[str, Any],
-                        after: Mapping[str, Any], wanted: list[tuple[str, str, tuple]], families: Any) -> list[Site]:
+                        after: Mapping[str, Any], wanted: list[tuple[str, str, tuple]], mode: Mode) -> list[Site]:
         """Per-variable sites of one call.  Checking skips the effects that held and the
         failures no deployed rule's precondition accepts (see `reportable`)."""
-        checking = families is not None
+        checking, families = mode.checking, mode.families
         first_step = view.step == 0
         found: list[Site] = []
         for name, pre_attrs in before.items():
@@ -162,27 +158,26 @@ class EventContain(Template):
         return found
 
     # ------------------------------------------------------------------ child calls
-    def _call_sites(self, view: WindowView, families: Any, plan: "_CheckPlan | None") -> Iterator[Site]:
-        # checking: the APIs and (api, module type) pairs some deployed rule is about
-        apis, pairs = (None, None) if plan is None else (plan.call_apis, plan.call_pairs)
+    def _call_sites(self, view: WindowView, mode: Mode) -> Iterator[Site]:
+        checking, families = mode.checking, mode.families
+        # checking: the APIs some deployed rule is about
+        apis = mode.plan.call_apis if checking else None
         if apis is not None and not apis:
             return
         for rank in view.ranks():
             if apis is None:
                 calls = view.calls(rank)
-            else:  # checking: families are per API, so each still sees its calls in order
+            else:  # families are per API, so each still sees its calls in order
                 by_api = view.calls_by_api(rank)
                 calls = [call for api in apis if api in by_api for call in by_api[api]]
             for call in calls:
-                api = call["api"]
-                if pairs is not None and (api, call.get("mtype") or "") not in pairs:
-                    continue
                 if not call.get("done"):
                     continue
-                children = view.children(rank)  # cached per rank by the view
+                api = call["api"]
                 family = ("call", api, call.get("mtype") or "")
-                if families is not None and family not in families:
+                if checking and family not in families:
                     continue
+                children = view.children(rank)  # cached per rank by the view
                 observed: set[Any] = set()
                 for child in children.get(call["key"], ()):
                     observed.add(("api", child["api"]))

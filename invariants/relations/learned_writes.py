@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Any, Iterator, Mapping
 
 from ..window import FactPlan
-from .base import Site, Template
+from .base import Mode, Site, Template
 
 
 from .view import WindowView
@@ -41,22 +41,20 @@ class InitSparesLearned(Template):
         """The APIs the families are about."""
         return frozenset(f[1] for f in families)
 
-    def sites(self, view: WindowView, families: Any = None, plan: frozenset[str] | None = None) -> Iterator[Site]:
-        wanted = None
-        if families is not None:
-            wanted = plan if plan is not None else self.check_plan(families)
+    def sites(self, view: WindowView, mode: Mode) -> Iterator[Site]:
+        checking, families = mode.checking, mode.families
         for rank in view.ranks():
-            if wanted is None:
+            if not checking:
                 calls = view.calls(rank)
-            else:
+            else:  # the calls of the APIs the deployed rules are about
                 by_api = view.calls_by_api(rank)
-                calls = [call for api in wanted if api in by_api for call in by_api[api]]
+                calls = [call for api in mode.plan if api in by_api for call in by_api[api]]
             for call in calls:
                 learned = call.get("learned")
-                if learned.__class__ is not bool or (families is not None and not learned):
+                if learned.__class__ is not bool or (checking and not learned):
                     continue  # not an initialiser; or, when checking, a site that holds
                 family = ("spares_learned", call["api"])
-                if families is not None and family not in families:
+                if checking and family not in families:
                     continue
                 # no context in the records: the rule binds in every stage, grad mode and
                 # precision (an init_weights() under torch.no_grad() erases weights too)

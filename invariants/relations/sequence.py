@@ -50,7 +50,7 @@ from ..events import (
     OPTIMIZER_ZERO_GRAD,
 )
 from ..window import FactPlan
-from .base import Site, Template
+from .base import Mode, Site, Template
 from .view import WindowView
 from .identity import call_facts, same_objects
 
@@ -81,7 +81,8 @@ class APISequence(Template):
     def allows_precondition(self, family: tuple) -> bool:
         return True  # records carry only stage/step_is_first, so that is all a rule can say
 
-    def sites(self, view: WindowView, families: Any = None, plan: Any = None) -> Iterator[Site]:
+    def sites(self, view: WindowView, mode: Mode) -> Iterator[Site]:
+        checking, families = mode.checking, mode.families
         if view.step <= FIRST_ITERATION_STEP:
             return  # setup, and the first iteration's clear of what no iteration left
         for rank in view.ranks():
@@ -103,14 +104,13 @@ class APISequence(Template):
             # one site per API and optimizer: its first such call, and what preceded it
             # about the same optimizer (or about none)
             seen: set[tuple[str, frozenset[str] | None]] = set()
-            checking = families is not None
             record = None
             for index, (then, objects) in enumerate(facts):
                 if then not in eligible or (then, objects) in seen:
                     continue
                 seen.add((then, objects))
                 family = ("seq", then)
-                if families is not None and family not in families:
+                if checking and family not in families:
                     continue
                 before = frozenset(api for api, earlier in facts[:index]
                                    if (checking or api in eligible) and api != then and same_objects(earlier, objects))

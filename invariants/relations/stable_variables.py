@@ -17,16 +17,17 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Mapping
 
+from ..rank_facts import RankFacts
 from ..window import FactPlan
-from .base import Site, Template
+from .base import Mode, Site, Template
 
 from .view import WindowView
 MAX_NAMES_IN_EVIDENCE = 12
 
 
-def snapshot_names(facts: dict[str, Any], at: str) -> set[str]:
+def snapshot_names(facts: RankFacts, at: str) -> set[str]:
     names: set[str] = set()
-    for per_call in (facts["states"].get(at) or {}).values():
+    for per_call in (facts.states.get(at) or {}).values():
         names.update(per_call)
     return names
 
@@ -35,7 +36,7 @@ def variable_counts(window: Any) -> dict[str, dict[int, int]]:
     """Baseline of a run: at -> rank -> number of variables, from its step-0 window."""
     counts: dict[str, dict[int, int]] = {}
     for rank, facts in window.ranks.items():
-        for at in facts["states"]:
+        for at in facts.states:
             counts.setdefault(at, {})[int(rank)] = len(snapshot_names(facts, at))
     return counts
 
@@ -47,21 +48,22 @@ class StableVariables(Template):
     def allows_precondition(self, family: tuple) -> bool:
         return False
 
-    def sites(self, view: WindowView, families: Any = None, plan: Any = None) -> Iterator[Site]:
+    def sites(self, view: WindowView, mode: Mode) -> Iterator[Site]:
         if view.step == 0 or not view.variable_counts:
             return
+        checking = mode.checking
         for rank in view.ranks():
             facts = view.facts(rank)
-            for at in sorted(facts["states"]):
+            for at in sorted(facts.states):
                 family = ("count", at)
-                if families is not None and family not in families:
+                if not mode.wants(family):
                     continue
                 baseline = view.variable_counts.get(at, {}).get(rank)
                 if baseline is None:
                     continue
                 names = snapshot_names(facts, at)
                 holds = len(names) == baseline
-                if holds and families is not None:
+                if holds and checking:
                     continue
                 yield Site(
                     family=family,

@@ -30,7 +30,7 @@ from typing import Any, Iterable, Iterator, Mapping
 from ..events import WORKER_INIT_API
 from ..model import Invariant
 from ..window import FactPlan
-from .base import Site, Template
+from .base import Mode, Site, Template
 from .view import WindowView
 
 #: Called in DataLoader worker processes: its stage is wherever the loader's iterator
@@ -58,15 +58,15 @@ class APIAbsent(Template):
         """The APIs the families are about."""
         return frozenset(f[1] for f in families)
 
-    def sites(self, view: WindowView, families: Any = None, plan: frozenset[str] | None = None) -> Iterator[Site]:
-        wanted = None if families is None else (plan if plan is not None else self.check_plan(families))
+    def sites(self, view: WindowView, mode: Mode) -> Iterator[Site]:
+        checking, families = mode.checking, mode.families
         for rank in view.ranks():
-            for call in calls_of(view, rank, wanted):
+            for call in calls_of(view, rank, mode.plan):  # inferring: no plan, every call
                 if call.get("trained") is False:
                     continue  # initialising parameters no optimizer has trained (a new model)
                 api = call["api"]
                 family = ("absent", api, call.get("stage", ""))
-                if families is not None and family not in families:
+                if checking and family not in families:
                     continue
                 yield Site(family, view.step, lambda call=call, rank=rank: [view.call_record(call, rank)],
                            [rank], call.get("stage", ""),

@@ -27,7 +27,7 @@ from typing import Any, Iterator, Mapping
 
 from ..events import MODULE_FORWARD
 from ..window import FactPlan
-from .base import Site, Template
+from .base import Mode, Site, Template
 from .stage_rules import calls_of
 from .view import WindowView
 
@@ -60,17 +60,16 @@ class TrainingFlag(Template):
         apis = {f[1] for f in families if f[0] in ("flag", "no_grad")} | ({MODULE_FORWARD} if first_wanted else set())
         return first_wanted, frozenset(apis)
 
-    def sites(self, view: WindowView, families: Any = None, plan: Any = None) -> Iterator[Site]:
-        first_wanted, apis = True, None
-        if families is not None:
-            first_wanted, apis = plan if plan is not None else self.check_plan(families)
+    def sites(self, view: WindowView, mode: Mode) -> Iterator[Site]:
+        checking, families = mode.checking, mode.families
+        first_wanted, apis = mode.plan if checking else (True, None)
         for rank in view.ranks():
             for call in calls_of(view, rank, apis):
                 api = call["api"]
                 if first_wanted and api == MODULE_FORWARD:
                     ctx = call.get("ctx")  # most forwards are not a module's first: skip them here
                     if isinstance(ctx, dict) and ctx.get("first_forward") is True:
-                        site = self._first_forward_site(view, call, rank, families)
+                        site = self._first_forward_site(view, call, rank, mode)
                         if site is not None:
                             yield site
                 flag = call.get("training")
@@ -84,7 +83,7 @@ class TrainingFlag(Template):
                 if "dropout" in api and _grad_disabled(call):
                     families_here.append(("no_grad", api))
                 for family in families_here:
-                    if families is not None and family not in families:
+                    if checking and family not in families:
                         continue
                     records = (lambda call=call, rank=rank: [view.call_record(call, rank)]) if family[0] == "flag" else (
                         lambda call=call, rank=rank: [_without_mode(view.call_record(call, rank))])
@@ -93,7 +92,7 @@ class TrainingFlag(Template):
                                                              "mtype": call.get("mtype"), "training": flag})
 
     @staticmethod
-    def _first_forward_site(view: WindowView, call: dict[str, Any], rank: int, families: Any) -> Site | None:
+    def _first_forward_site(view: WindowView, call: dict[str, Any], rank: int, mode: Mode) -> Site | None:
         ctx = call.get("ctx")
         flag = call.get("training")
         if not isinstance(ctx, dict) or ctx.get("first_forward") is not True or not isinstance(flag, bool):
@@ -104,7 +103,7 @@ class TrainingFlag(Template):
         if norm not in LAZY_SPECTRAL_NORMS or ctx.get("spectral_norm_refined") is True:
             return None
         family = ("first_forward", MODULE_FORWARD, norm)
-        if families is not None and family not in families:
+        if not mode.wants(family):
             return None
         records = [{"rank": rank, "step_is_first": view.step == 0}]
         return Site(family, frozenset([flag]), records, [rank], call.get("stage", ""),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Mapping
 
+from ..rank_facts import RankFacts
 from ..window import WindowState, sorted_calls
 
 Record = dict[str, Any]
@@ -84,7 +85,7 @@ class WindowView:
             self._ranks = sorted(self.window.ranks)
         return self._ranks
 
-    def facts(self, rank: int) -> dict[str, Any]:
+    def facts(self, rank: int) -> RankFacts:
         return self.window.ranks[rank]
 
     def calls(self, rank: int) -> list[dict[str, Any]]:
@@ -116,7 +117,7 @@ class WindowView:
         """Call key -> recorded calls made (directly or not) inside it."""
         cached = self._children.get(rank)
         if cached is None:
-            links = self.window.ranks[rank].get("links")
+            links = self.window.ranks[rank].links
             cached = {}
             for call in self.calls(rank):
                 if not links:
@@ -136,7 +137,7 @@ class WindowView:
         return cached
 
     def rank_stage(self, rank: int) -> str:
-        return self.window.ranks[rank]["stage"]
+        return self.window.ranks[rank].stage
 
     # ------------------------------------------------------------- records
     def window_record(self, rank: int) -> Record:

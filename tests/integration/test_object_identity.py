@@ -74,7 +74,7 @@ def test_receiver_ids_clears_and_trained_flag_are_kept_in_the_window():
                              call("torch.nn.init.normal_", trained=True), call(BACKWARD, obj=7, clears="opt0")])
     window = WindowState("r", 1)
     window.add_batch(batch, FactPlan.everything())
-    calls = window.ranks[0]["calls"]
+    calls = window.ranks[0].calls
     assert [(c.get("obj"), c.get("clears"), c.get("trained")) for c in calls] == [
         ("m0", ["opt0", "opt1"], None), ("opt0", None, None), (None, None, True),
         (None, None, None),  # ids of the wrong type are unknown, like missing ones

@@ -120,9 +120,9 @@ def test_window_keeps_only_planned_facts():
     for batch in SyntheticRun(world=2, steps=1).batches():
         window.add_batch(batch, invariant_set.plan)
         raw += len(msgpack.packb(batch))
-    assert all(not facts["calls"] for facts in window.ranks.values())
+    assert all(not facts.calls for facts in window.ranks.values())
     # the judged point, and the gradients before the update that tell shards from replicas
-    assert set(window.ranks[0]["states"]) == {"post:torch.optim.Optimizer.step", "pre:torch.optim.Optimizer.step"}
+    assert set(window.ranks[0].states) == {"post:torch.optim.Optimizer.step", "pre:torch.optim.Optimizer.step"}
     assert len(window.to_bytes()) < raw / 4
 
 
@@ -136,6 +136,21 @@ def test_window_state_round_trips_through_bytes():
     assert copy.to_bytes() == window.to_bytes()
     engine = Engine(invariant_set)
     assert engine.evaluate(copy, RunState("run-a")) == engine.evaluate(window, RunState("run-a"))
+
+
+def test_rank_facts_keep_their_stored_map():
+    """Window bytes written as plain rank maps (fixtures, a checker's changelog) restore,
+    and facts nobody reported are not stored."""
+    stored = {"ended": True, "stage": "train", "calls": [{"api": "f", "key": "1:1", "o": [0, 0]}], "links": {},
+              "states": {}, "worker_pids": [7], "run_end": [3, None], "unknown_later": 1}
+    raw = msgpack.packb(["r", 2, 1, 1, 1, {0: stored, 1: {"ended": False, "stage": "", "calls": [], "links": {},
+                                                         "states": {}}}], use_bin_type=True)
+    window = WindowState.from_bytes(raw)
+    assert window.ranks[0].ended and window.ranks[0].worker_pids == [7] and window.ranks[0].run_end == [3, None]
+    assert window.ranks[1].workers_expected == 0 and window.ranks[1].trained is None
+    _, _, _, _, _, ranks = msgpack.unpackb(window.to_bytes(), raw=False, strict_map_key=False)
+    assert ranks[0] == {k: v for k, v in stored.items() if k != "unknown_later"}
+    assert set(ranks[1]) == {"ended", "stage", "calls", "links", "states"}
 
 
 def test_violation_dict_round_trip_and_stable_id():
@@ -265,8 +280,8 @@ def test_post_event_keyword_arguments_join_the_call_arguments():
     batch = make_batch(run="r", rank=0, world=1, step=0, seq=0, events=events)
     everything = WindowState("r", 0)
     everything.add_batch(batch, FactPlan.everything())
-    assert everything.ranks[0]["calls"][0]["args"] == {"0": "prompt", "max_new_tokens": 6, "top_k": 3}
+    assert everything.ranks[0].calls[0]["args"] == {"0": "prompt", "max_new_tokens": 6, "top_k": 3}
     planned = WindowState("r", 0)
     planned.add_batch(batch, FactPlan(apis={"torch.nn.Module.forward"}, args={"torch.nn.Module.forward": {"max_new_tokens"}}))
     restored = WindowState.from_bytes(planned.to_bytes())
-    assert restored.ranks[0]["calls"][0]["args"] == {"max_new_tokens": 6}
+    assert restored.ranks[0].calls[0]["args"] == {"max_new_tokens": 6}

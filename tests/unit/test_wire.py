@@ -132,7 +132,7 @@ def test_folding_typed_batches_equals_folding_dict_batches(plan_of):
         # the window state round-trips through its table bytes
         assert _facts(WindowState.from_bytes(window.to_bytes())) == _facts(window)
         assert typed_summaries[step].summary() == dict_summaries[step].summary()
-    some_state = next(iter(next(iter(typed_windows.values())).ranks[0]["states"].values()))
+    some_state = next(iter(next(iter(typed_windows.values())).ranks[0].states.values()))
     attrs = next(iter(next(iter(some_state.values())).values()))
     assert "device" not in attrs or kept is None  # only what the plan keeps is decoded
 
@@ -152,7 +152,7 @@ def test_folding_a_dict_batch_twice_leaves_it_unchanged():
     second.add_batch(batch, FactPlan.everything())
     assert msgpack.packb(batch) == before
     assert first.ranks == second.ranks
-    assert first.ranks[0]["calls"][0]["args"] == {"0": 1, "mask": True}
+    assert first.ranks[0].calls[0]["args"] == {"0": 1, "mask": True}
 
 
 def test_optional_fields_of_any_type_do_not_break_the_fold_or_the_summary():
@@ -167,4 +167,4 @@ def test_optional_fields_of_any_type_do_not_break_the_fold_or_the_summary():
     summary = StepSummaryBuilder("r1", 3)
     summary.add_batch(batch)
     assert summary.summary().loss == 2.5  # the api falls back to the name
-    assert window.ranks[0]["calls"][0]["api"] == "torch.Tensor.backward"
+    assert window.ranks[0].calls[0]["api"] == "torch.Tensor.backward"
