@@ -39,7 +39,7 @@ import pytest
 
 import yaml
 
-from test_deploy_static import (  # noqa: E402
+from tests.support.deploy_files import (
     COMPOSE,
     DASHBOARD_FILES,
     DEPLOY,
