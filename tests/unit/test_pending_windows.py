@@ -1,7 +1,7 @@
 """Windows kept in memory hold back offset commits until they reach the table.
 
 The worker-level consequence (a kill -9 loses and repeats nothing) is covered by the
-restart tests in test_stream_checker.py; these pin the bookkeeping those rely on.
+restart tests in test_stream_checker_recovery.py; these pin the bookkeeping those rely on.
 """
 
 from faust.types import TP
