@@ -152,3 +152,29 @@ def test_a_step_ships_by_the_next_step_end_and_close_ships_everything(tmp_path, 
     zero_grad = _states(batches, "pre:torch.optim.Optimizer.zero_grad")
     reused = [a for step in zero_grad.values() for a in step.values() if a["grad_digest"] is not None]
     assert reused and all(a["grad_norm"] is not None for a in reused), "memo entries resolved too"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_no_synchronising_cuda_call_in_the_steps_of_a_traced_loop(tmp_path):
+    import warnings
+
+    with producers.instrument(run_id="r-sync-cuda", trace_dir=tmp_path, quiet=True) as session:
+        model = Tied().cuda()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.randn(8, 4, device="cuda")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for step in range(6):
+                torch.cuda.set_sync_debug_mode("warn" if step else 0)  # step 0 finds the model
+                optimizer.zero_grad()
+                model(x).pow(2).mean().backward()
+                optimizer.step()
+            torch.cuda.set_sync_debug_mode(0)
+        errors = session.tracer.internal_errors
+    assert [str(w.message) for w in caught if "synchroniz" in str(w.message)] == []
+    assert errors == 0
+    (batches,) = read_trace_dir(tmp_path).values()
+    post = _states(batches, f"post:{STEP}")
+    final = post[max(post)]
+    for name, param in model.named_parameters():
+        assert (final[name]["data_digest"], final[name]["data_norm"]) == _expected(param.detach()), name
