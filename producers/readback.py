@@ -117,21 +117,23 @@ class Readback:
         """Wait for the copies if they have not landed, then fill every registered target."""
         if self.resolved:
             return
-        for host, event, layout in self._copies:
-            if not event.query():
-                event.synchronize()
-            for offset, count, first, headers in layout:
-                if headers is None:
-                    values: list[Any] = host[offset : offset + count].view(torch.float64).tolist()
-                else:
-                    words = host[offset : offset + 2 * count].tolist()
-                    values = [format_digest_words(h, words[2 * i : 2 * i + 2]) for i, h in enumerate(headers)]
-                self._values[first : first + count] = values
-        self._copies.clear()
-        self.resolved = True
-        for attrs, key, index in self._targets:
-            attrs[key] = self._values[index]
-        self._targets.clear()
+        try:
+            for host, event, layout in self._copies:
+                if not event.query():
+                    event.synchronize()
+                for offset, count, first, headers in layout:
+                    if headers is None:
+                        values: list[Any] = host[offset : offset + count].view(torch.float64).tolist()
+                    else:
+                        words = host[offset : offset + 2 * count].tolist()
+                        values = [format_digest_words(h, words[2 * i : 2 * i + 2]) for i, h in enumerate(headers)]
+                    self._values[first : first + count] = values
+        finally:  # a failed read leaves its values None rather than pending forever
+            self._copies.clear()
+            self.resolved = True
+            for attrs, key, index in self._targets:
+                attrs[key] = self._values[index]
+            self._targets.clear()
 
     def fill(self, attrs: dict[str, Any], key: str, index: int) -> None:
         if self.resolved:
