@@ -21,10 +21,13 @@ Meta and fake tensors have no data; they get ``None`` and a reason.
 from __future__ import annotations
 
 import ctypes
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 import xxhash
+
+if TYPE_CHECKING:
+    from .readback import Readback
 
 CPU_ALGORITHM = "x3"
 DEVICE_ALGORITHM = "dv"
@@ -179,7 +182,12 @@ def device_digest_words(tensor: torch.Tensor) -> torch.Tensor:
 
 def format_device_digest(tensor: torch.Tensor, words: Sequence[int]) -> str:
     """Render device words as a digest string, folding in dtype and shape on the host."""
-    header = xxhash.xxh3_64_intdigest(_header(tensor))
+    return format_digest_words(_header(tensor), words)
+
+
+def format_digest_words(header_bytes: bytes, words: Sequence[int]) -> str:
+    """`format_device_digest` from the tensor's header alone (the tensor may be gone)."""
+    header = xxhash.xxh3_64_intdigest(header_bytes)
     first = (int(words[0]) ^ header) & 0xFFFFFFFFFFFFFFFF
     second = int(words[1]) & 0xFFFFFFFFFFFFFFFF
     return f"{DEVICE_ALGORITHM}:{first:016x}{second:016x}"
@@ -200,9 +208,15 @@ def tensor_digest(tensor: torch.Tensor, *, on_device: bool | None = None) -> str
     return format_device_digest(tensor, words)
 
 
-def tensor_digests(tensors: Sequence[torch.Tensor | None], *, on_device: bool | None = None) -> list[str | None]:
-    """Digest many tensors with a single device-to-host transfer for the device path."""
-    results: list[str | None] = [None] * len(tensors)
+def tensor_digests(
+    tensors: Sequence[torch.Tensor | None], *, on_device: bool | None = None, readback: "Readback | None" = None
+) -> list[Any]:
+    """Digest many tensors with a single device-to-host transfer for the device path.
+
+    With a ``readback``, device-path digests are not read now: they come back as
+    `Deferred` values that the readback fills in later (see `producers.readback`).
+    """
+    results: list[Any] = [None] * len(tensors)
     pending: list[tuple[int, torch.Tensor, torch.Tensor]] = []
     for index, tensor in enumerate(tensors):
         if tensor is None or skip_reason(tensor) is not None:
@@ -216,7 +230,13 @@ def tensor_digests(tensors: Sequence[torch.Tensor | None], *, on_device: bool | 
     for item in pending:
         by_device.setdefault(item[2].device, []).append(item)
     for group in by_device.values():
-        host_words = torch.stack([words for _, _, words in group]).tolist()  # one sync per device
+        stacked = torch.stack([words for _, _, words in group])
+        if readback is not None:
+            values = readback.digests(stacked, [_cached_header(tensor) for _, tensor, _ in group])
+            for (index, _, _), value in zip(group, values):
+                results[index] = value
+            continue
+        host_words = stacked.tolist()  # one sync per device
         for (index, tensor, _), words in zip(group, host_words):
             results[index] = format_device_digest(tensor, words)
     return results

@@ -9,12 +9,14 @@ between snapshots is read once per parameter (`SnapshotMemo`).
 from __future__ import annotations
 
 import weakref
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
 from .digest import skip_reason, tensor_digests
 from .params import ParamEntry
+from . import readback as _readback
+from .readback import Readback, put
 from .summaries import device_name as _device_name
 from .summaries import tensor_layout as _layout
 
@@ -26,9 +28,13 @@ PARALLEL_ATTRIBUTES = (
 )
 
 
-def _norms(tensors: Sequence[torch.Tensor | None]) -> list[float | None]:
-    """Euclidean norms of float tensors: one fused kernel and one host transfer per (device, dtype)."""
-    results: list[float | None] = [None] * len(tensors)
+def _norms(tensors: Sequence[torch.Tensor | None], readback: Readback | None = None) -> list[Any]:
+    """Euclidean norms of float tensors: one fused kernel and one host transfer per (device, dtype).
+
+    With a ``readback``, the norms of tensors it `defers <producers.readback.defers>`
+    stay on their device and come back as `Deferred` values.
+    """
+    results: list[Any] = [None] * len(tensors)
     groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
     for index, tensor in enumerate(tensors):
         if tensor is None or not (tensor.is_floating_point() or tensor.is_complex()):
@@ -38,6 +44,10 @@ def _norms(tensors: Sequence[torch.Tensor | None]) -> list[float | None]:
         groups.setdefault((tensor.device, tensor.dtype), []).append(index)
     for indices in groups.values():
         norms = torch._foreach_norm([tensors[i] for i in indices])  # type: ignore[misc]
+        if readback is not None and _readback.defers(tensors[indices[0]]):  # type: ignore[arg-type]
+            for index, deferred in zip(indices, readback.norms(torch.stack(norms))):
+                results[index] = deferred
+            continue
         values = torch.stack(norms).tolist()
         for index, value in zip(indices, values):
             results[index] = float(value)
@@ -74,7 +84,9 @@ class SnapshotMemo:
     """
 
     def __init__(self) -> None:
-        self._entries: dict[int, tuple[weakref.ref[torch.Tensor], int, str | None, float | None]] = {}
+        # digest and norm may be `Deferred` values still on their way from a device:
+        # reusing one fills the new snapshot when the first one is resolved
+        self._entries: dict[int, tuple[weakref.ref[torch.Tensor], int, Any, Any]] = {}
         self._static: dict[int, tuple[weakref.ref[torch.Tensor], tuple[Any, ...], dict[str, Any]]] = {}
 
     def static_attrs(self, param: torch.Tensor, key: tuple[Any, ...]) -> dict[str, Any] | None:
@@ -89,13 +101,13 @@ class SnapshotMemo:
         except TypeError:
             pass
 
-    def lookup(self, param: torch.Tensor, grad: torch.Tensor) -> tuple[str | None, float | None] | None:
+    def lookup(self, param: torch.Tensor, grad: torch.Tensor) -> tuple[Any, Any] | None:
         entry = self._entries.get(id(param))
         if entry is None or entry[0]() is not grad or entry[1] != _version_of(grad):
             return None
         return entry[2], entry[3]
 
-    def store(self, param: torch.Tensor, grad: torch.Tensor, digest: str | None, norm: float | None) -> None:
+    def store(self, param: torch.Tensor, grad: torch.Tensor, digest: Any, norm: Any) -> None:
         version = _version_of(grad)
         if version is None:
             return
@@ -110,7 +122,11 @@ class SnapshotMemo:
 
 
 def snapshot_attrs(
-    entries: Iterable[ParamEntry], *, data: bool = True, memo: "SnapshotMemo | None" = None
+    entries: Iterable[ParamEntry],
+    *,
+    data: bool = True,
+    memo: "SnapshotMemo | None" = None,
+    defer: Callable[[Readback], None] | None = None,
 ) -> list[tuple[ParamEntry, dict[str, Any]]]:
     """Attributes of each parameter: metadata, grad digest/norm and (if ``data``) data digest/norm.
 
@@ -119,12 +135,18 @@ def snapshot_attrs(
     parameter is digested once and reported under each of its names.  Everything
     still to be summarised goes through one digest call and one batched norm call, so
     the fixed cost per snapshot does not grow with the number of kinds of tensors.
+
+    With ``defer``, results computed on an accelerator are not waited for: their
+    attributes read ``None`` until the `Readback` handed to ``defer`` is resolved,
+    which fills them in place (the caller must not ship them before).
     """
     entries = list(entries)
     primaries = [entry for entry in entries if entry.alias_of is None]
     count = len(primaries)
-    grad_digests: list[str | None] = [None] * count
-    grad_norms: list[float | None] = [None] * count
+    grad_digests: list[Any] = [None] * count
+    grad_norms: list[Any] = [None] * count
+    readback = Readback() if defer is not None and not _readback.IMMEDIATE else None
+    on_device = True if readback is not None and _readback.FORCE_DEFERRED else None
     with torch.no_grad():
         grads = [entry.param.grad for entry in primaries]
         # (position in primaries, tensor) of gradients that need summarising now
@@ -139,29 +161,36 @@ def snapshot_attrs(
                 grad_digests[index], grad_norms[index] = cached
         datas = [entry.param.detach() for entry in primaries] if data else []
         tensors = datas + [tensor for _, tensor in todo]
-        digests = tensor_digests(tensors)
-        norms = _norms(tensors)
+        digests = tensor_digests(tensors, on_device=on_device, readback=readback)
+        norms = _norms(tensors, readback)
+        if readback is not None and readback.start():
+            defer(readback)  # type: ignore[misc]
     for offset, (index, _) in enumerate(todo, start=len(datas)):
         grad_digests[index], grad_norms[index] = digests[offset], norms[offset]
         if memo is not None:
             memo.store(primaries[index].param, grads[index], digests[offset], norms[offset])  # type: ignore[arg-type]
-    by_param: dict[int, dict[str, Any]] = {}
-    for index, entry in enumerate(primaries):
-        param = entry.param
-        attrs = dict(_static_attrs(entry, param, memo))
-        attrs["grad_digest"] = grad_digests[index]
-        attrs["grad_norm"] = grad_norms[index]
+
+    def fill(attrs: dict[str, Any], index: int) -> dict[str, Any]:
+        put(attrs, "grad_digest", grad_digests[index])
+        put(attrs, "grad_norm", grad_norms[index])
         if data:
-            attrs["data_digest"] = digests[index]
-            attrs["data_norm"] = norms[index]
-        by_param[id(param)] = attrs
+            put(attrs, "data_digest", digests[index])
+            put(attrs, "data_norm", norms[index])
+        return attrs
+
+    by_param: dict[int, tuple[int, dict[str, Any]]] = {}
+    for index, entry in enumerate(primaries):
+        by_param[id(entry.param)] = (index, fill(dict(_static_attrs(entry, entry.param, memo)), index))
     results = []
     for entry in entries:
-        attrs = by_param.get(id(entry.param))
-        if attrs is None:
+        found = by_param.get(id(entry.param))
+        if found is None:
             continue  # an alias whose primary is not part of this snapshot
+        index, attrs = found
         if entry.alias_of is not None:
             attrs = {**attrs, "module": entry.module, "mtype": entry.mtype, "alias_of": entry.alias_of}
+            if readback is not None:
+                fill(attrs, index)  # values still on their way must reach the copy too
         results.append((entry, attrs))
     return results
 

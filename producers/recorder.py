@@ -5,6 +5,11 @@ the step ends; a very long step is flushed early in several batches of the same 
 (``seq`` increases per producer, so a gap means loss).  The last batch of a step holds
 its ``step``/``end`` event.  Nothing here knows about torch: the session decides
 *when* a step ends, the recorder only keeps the wire contract.
+
+A batch may hold values still on their way from an accelerator (`Pending`, see
+`producers.readback`).  It is then not encoded at once but held, in ``seq`` order,
+until the next step boundary, where it is resolved (waiting only if its copy has
+not landed yet); close, ``flush_partial`` and ``wait_delivered`` resolve everything.
 """
 
 from __future__ import annotations
@@ -12,13 +17,26 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
 
 from invariants.codec import encode_batch
 from invariants.events import Batch, Event, make_batch
 
 from .sinks import Sink
+
+
+class Pending(Protocol):
+    """Values that fill buffered events in place once resolved."""
+
+    def ready(self) -> bool: ...
+
+    def resolve(self) -> None: ...
+
+
+#: force every held batch out, whatever its step
+_ALL = float("inf")
 
 
 @dataclass
@@ -52,6 +70,17 @@ class StepRecorder:
         self._buffer: list[Event] = []
         self._flushed_in_step = 0  # events of the open step already shipped early
         self._lock = threading.RLock()  # events may come from DataLoader/autograd threads
+        self._waiting: list[Pending] = []  # registered since the last batch was made
+        self._held: deque[tuple[Batch, list[Pending]]] = deque()  # made, not yet encoded
+
+    def await_readback(self, pending: Pending) -> None:
+        """Hold the batch that will carry the events ``pending`` fills until it is resolved.
+
+        Call it before appending those events: the next batch made takes it along, and
+        held batches are released in order, so it is resolved before any later batch.
+        """
+        with self._lock:
+            self._waiting.append(pending)
 
     # -- buffering ------------------------------------------------------------------
     def append(self, event: Event) -> None:
@@ -105,6 +134,7 @@ class StepRecorder:
             events.extend(before_end)
             events.append(end_event)
             self._flush(events)
+            self._release(force_before=self.step)  # the previous steps' values are due
             self._buffer = ([next_begin] if next_begin is not None else []) + carried
             self._flushed_in_step = 0
             self.step += 1
@@ -116,6 +146,7 @@ class StepRecorder:
                 self._flushed_in_step += len(self._buffer)
                 self._flush(self._buffer)
                 self._buffer = []
+            self._release(force_before=_ALL)
 
     def _flush(self, events: list[Event]) -> None:
         if not events:
@@ -127,6 +158,28 @@ class StepRecorder:
         # apart (a DataLoader worker numbers its own batches from 0).
         batch["pid"] = os.getpid()
         self._seq += 1
+        waiting, self._waiting = self._waiting, []
+        self._held.append((batch, waiting))
+        self._release(force_before=None)
+
+    def _release(self, force_before: float | None) -> None:
+        """Encode held batches in order: those whose values have landed, and those of
+        steps before ``force_before`` in any case (waiting for their values)."""
+        while self._held:
+            batch, waiting = self._held[0]
+            if force_before is None or batch["step"] >= force_before:
+                if not all(pending.ready() for pending in waiting):
+                    return
+            for pending in waiting:
+                try:
+                    pending.resolve()
+                except Exception:  # a failed device read leaves its values None; ship the rest
+                    pass
+            self._held.popleft()
+            self._write(batch)
+
+    def _write(self, batch: Batch) -> None:
+        events = batch["events"]
         try:
             payload = encode_batch(batch)
         except Exception:  # an unencodable summary must not take the step down with it
@@ -139,10 +192,14 @@ class StepRecorder:
     def wait_delivered(self, timeout_s: float) -> bool:
         """Block (at most ``timeout_s``) until the sinks delivered what was flushed."""
         deadline = time.monotonic() + timeout_s
+        with self._lock:
+            self._release(force_before=_ALL)
         return all([sink.wait_delivered(max(deadline - time.monotonic(), 0.0)) for sink in self.sinks])
 
     def close_sinks(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
+        with self._lock:
+            self._release(force_before=_ALL)
         for sink in self.sinks:
             sink.close(max(deadline - time.monotonic(), 0.0))
 
@@ -152,6 +209,8 @@ class StepRecorder:
         self._buffer = []
         self._flushed_in_step = 0
         self._seq = 0
+        self._waiting = []
+        self._held = deque()  # the parent ships what it had made
         self.counters = RecorderCounters()
         for sink in self.sinks:
             forget = getattr(sink, "forget_after_fork", None)

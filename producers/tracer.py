@@ -302,7 +302,7 @@ class Tracer(StepBoundaries, ForwardHooks, StageSwitching, WorkerReports):
     def _take(self, entries: list[Any], data: bool = True) -> list[tuple[Any, dict[str, Any]]]:
         self._tls.busy = True
         try:
-            return snapshot_attrs(entries, data=data, memo=self._memo)
+            return snapshot_attrs(entries, data=data, memo=self._memo, defer=self.recorder.await_readback)
         finally:
             self._tls.busy = False
 

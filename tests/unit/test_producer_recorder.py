@@ -91,3 +91,61 @@ def test_every_event_lands_once_in_its_step_and_each_step_ends_its_last_batch(op
         if step < recorder.step:
             assert ends == [len(mine) - 1] and mine[-1]["events"][-1]["phase"] == "end"
     assert [b["step"] for b in batches] == sorted(b["step"] for b in batches), "steps never go back"
+
+
+class InFlight:
+    """A value still on its way from a device: lands when resolved, or when told."""
+
+    def __init__(self, event: dict) -> None:
+        self.event = event
+        self.landed = False
+
+    def ready(self) -> bool:
+        return self.landed
+
+    def resolve(self) -> None:
+        self.event["value"] = "filled"
+        self.landed = True
+
+
+def _awaiting(recorder: StepRecorder, label: int) -> InFlight:
+    event = _event(label)
+    pending = InFlight(event)
+    recorder.await_readback(pending)
+    recorder.append(event)
+    return pending
+
+
+def test_values_in_flight_hold_their_batch_until_the_next_step_end_and_keep_seq_order():
+    sink = MemorySink()
+    recorder = StepRecorder("run", 0, 1, [sink], max_events_per_batch=3)
+    _awaiting(recorder, 1)
+    recorder.end_step(_marker("end"))
+    assert sink.payloads == [], "step 0 waits for its value"
+    for label in (2, 3, 4):  # an early flush of step 1 queues behind step 0
+        recorder.append(_event(label))
+    assert sink.payloads == []
+    recorder.end_step(_marker("end"))
+    batches = [decode_batch(p) for p in sink.payloads]
+    assert [(b["step"], b["seq"]) for b in batches] == [(0, 0), (1, 1), (1, 2)]
+    assert batches[0]["events"][0]["value"] == "filled"
+
+    _awaiting(recorder, 5).landed = True  # landed before its step ended: ships at once
+    recorder.end_step(_marker("end"))
+    assert decode_batch(sink.payloads[-1])["step"] == 2
+    _awaiting(recorder, 6)
+    recorder.end_step(_marker("end"))
+    assert len(sink.payloads) == 4
+    recorder.close_sinks(1.0)
+    last = decode_batch(sink.payloads[-1])
+    assert (last["step"], last["seq"], last["events"][0]["value"]) == (3, 4, "filled")
+
+
+def test_a_forked_child_never_ships_its_parents_held_batches():
+    sink = MemorySink()
+    recorder = StepRecorder("run", 0, 1, [sink])
+    _awaiting(recorder, 1)
+    recorder.end_step(_marker("end"))
+    recorder.reset_after_fork()
+    recorder.close_sinks(1.0)
+    assert sink.payloads == []
