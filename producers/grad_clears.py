@@ -18,12 +18,15 @@ backward are not hand clears and are not seen here.
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import torch
 
 if TYPE_CHECKING:
     from .tracer import Tracer
+
+TORCH_VERSION = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
 
 #: groups of wrapped calls inside which a gradient write is that call's own business
 _OWNING_GROUPS = frozenset({"zero_grad", "backward"})
@@ -77,6 +80,25 @@ class HandClears:
 def hand_clear_allowed(tracer: "Tracer") -> bool:
     return (tracer.enabled and not tracer.busy and not tracer.in_optimizer_step
             and not (_OWNING_GROUPS & tracer.thread_groups) and not torch.compiler.is_compiling())
+
+
+def load_dynamo_before_grad_is_replaced() -> None:
+    """Import ``torch._dynamo`` before ``Tensor.grad`` becomes our property.
+
+    Importing dynamo walks torch's override tables and, before torch 2.13, assumes the
+    ``__get__`` of every Tensor attribute found there belongs to one of torch's own
+    descriptors (it reads ``__objclass__``, which a Python property lacks).  Most programs
+    import dynamo lazily when their first optimizer is built, so with ``Tensor.grad``
+    already replaced that construction would raise.  Imported first, dynamo only ever
+    sees torch's descriptor.  From 2.13 on dynamo checks for the attribute, and nothing
+    is imported early (DataLoader workers and evaluation jobs never need dynamo).
+    """
+    if TORCH_VERSION >= (2, 13):
+        return
+    try:
+        importlib.import_module("torch._dynamo")
+    except Exception:  # a build without dynamo cannot trip over our property either
+        pass
 
 
 def grad_property(tracer: "Tracer", descriptor: Any) -> property:

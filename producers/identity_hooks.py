@@ -27,7 +27,7 @@ import torch
 
 from invariants.events import PARAM_OVERWRITE
 
-from .grad_clears import grad_property, hand_clear_allowed
+from .grad_clears import grad_property, hand_clear_allowed, load_dynamo_before_grad_is_replaced
 from .ownership import deliberate_reset
 from .patching import patch_attribute, patch_property
 
@@ -62,6 +62,7 @@ def install_identity_hooks(tracer: "Tracer", record_writes: bool, record_clears:
             patch_attribute(torch.Tensor, method, _overwrite(tracer, method)) for method in OVERWRITING_METHODS
         )
     if record_clears:
+        load_dynamo_before_grad_is_replaced()
         handles.append(patch_property(torch.Tensor, "grad", lambda descriptor: grad_property(tracer, descriptor)))
         if not record_writes:
             handles.append(patch_attribute(torch.Tensor, "zero_", _overwrite(tracer, "zero_", record_writes=False)))

@@ -48,7 +48,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import REPO, CollectResult, check, collect, infer  # noqa: E402
+from harness import REPO, CollectResult, check, collect_with_traces, infer  # noqa: E402
 from references import REFERENCES, Reference  # noqa: E402
 from shipping_rules import (MIN_PIPELINES, MIN_POSITIVES, MIN_STYLES, evidence_reasons, pinned_values,  # noqa: E402
                             shape, style_of)
@@ -143,15 +143,10 @@ def collect_references(work: Path, phase: str, seed: int, steps: int, jobs: int,
         trace_dir = work / "references" / phase / ref.id
         if reuse and trace_dir.is_dir() and any(trace_dir.glob("*.twtrace")):
             return ref.id, CollectResult(trace_dir, 0, 0.0, "reused")
-        result = collect(ref.command(seed=seed, steps=steps), trace_dir, run_id=f"{ref.id}-{phase}")
-        return ref.id, result
+        return ref.id, collect_with_traces(ref.command(seed=seed, steps=steps), trace_dir, f"{ref.id}-{phase}")
 
     with ThreadPoolExecutor(max_workers=jobs) as pool:
-        results = dict(pool.map(one, references))
-    for ref_id, result in results.items():
-        if result.returncode != 0:
-            raise RuntimeError(f"reference {ref_id} ({phase}) exited {result.returncode}:\n{result.output_tail}")
-    return results
+        return dict(pool.map(one, references))
 
 
 def curate(candidates_path: Path, validation: dict[str, CollectResult] | None, work: Path,

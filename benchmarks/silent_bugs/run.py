@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import build_default_set  # noqa: E402
-from harness import REPO, CollectResult, check, collect, infer  # noqa: E402
+from harness import REPO, CollectResult, check, collect_with_traces, infer  # noqa: E402
 from references import REFERENCES  # noqa: E402
 from registry import ALL_BUGS, BugCase, onset_step  # noqa: E402
 from scoring import FalsePositives, score  # noqa: E402
@@ -51,20 +51,6 @@ def collect_bug_runs(case: BugCase, work: Path, reuse: bool) -> dict[str, Collec
         results[label] = collect_with_traces(case.command(sys.executable, bug=bug, seed=seed), trace_dir,
                                              f"{case.id}-{label}")
     return results
-
-
-def collect_with_traces(command: list[str], trace_dir: Path, run_id: str) -> CollectResult:
-    """A run that leaves no trace would be scored as a clean twin or a missed bug: retry it
-    once, then stop the benchmark with the collector's output."""
-    result = collect(command, trace_dir, run_id)
-    if result.returncode == 0 and any(trace_dir.glob("*.twtrace")):
-        return result
-    print(f"warning: {run_id} left no trace (exit {result.returncode}); collecting again:\n{result.output_tail}",
-          file=sys.stderr, flush=True)
-    result = collect(command, trace_dir, run_id)
-    if result.returncode != 0 or not any(trace_dir.glob("*.twtrace")):
-        raise RuntimeError(f"{run_id}: no trace in {trace_dir} (exit {result.returncode}):\n{result.output_tail}")
-    return result
 
 
 def evaluate_bug(case: BugCase, runs: dict[str, CollectResult], work: Path, default_set: Path | None) -> dict:

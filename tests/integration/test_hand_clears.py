@@ -167,3 +167,28 @@ def test_optimizers_that_each_clear_after_their_own_step_keep_the_clear_before_s
     assert rules and _violations(rules, _batches(tmp_path / "ref")) == []
     gan(tmp_path / "forgot", forget_at=2)
     assert [v.step for v in _violations(rules, _batches(tmp_path / "forgot"))] == [4]
+
+
+def test_a_first_optimizer_built_under_instrumentation_imports_dynamo_cleanly(tmp_path):
+    """Optimizer construction imports torch._dynamo lazily; with ``Tensor.grad`` already
+    our property, dynamo's import (torch < 2.13) used to raise. A fresh interpreter, so
+    that dynamo is not yet imported."""
+    import subprocess
+    import sys
+
+    program = (
+        "import sys, torch, producers\n"
+        "assert 'torch._dynamo' not in sys.modules or torch.__version__ < '2.13'\n"
+        f"with producers.instrument(run_id='r-dynamo', trace_dir={str(tmp_path)!r}, quiet=True) as session:\n"
+        "    model = torch.nn.Linear(3, 1)\n"
+        "    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    import torch._dynamo\n"
+        "    model(torch.ones(2, 3)).sum().backward()\n"
+        "    optimizer.step()\n"
+        "    model.weight.grad = None\n"
+        "    assert session.tracer.internal_errors == 0\n"
+        "print('ok')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().endswith("ok")
