@@ -94,7 +94,7 @@ def measure(mode: str, args: argparse.Namespace, trace_root: Path) -> dict[str, 
             session.__exit__(None, None, None)
         readback.Readback.resolve = resolve  # type: ignore[method-assign]
         readback.IMMEDIATE = False
-    syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    syncs = [w for w in caught if "called a synchronizing" in str(w.message)]
     where = Counter(f"{Path(w.filename).name}:{w.lineno}" for w in syncs).most_common(3)
     row: dict[str, object] = {
         "mode": mode, "syncs": len(syncs) / args.steps, "waits": step_waits / args.steps,
