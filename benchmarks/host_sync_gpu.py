@@ -3,8 +3,9 @@
     python benchmarks/host_sync_gpu.py --steps 200
 
 An 8-layer MLP (2048 wide, AdamW, inputs on the device, no ``.item()`` in the loop) is
-trained three ways: ``plain``; ``deferred``, under `producers.instrument` (trace files
+trained four ways: ``plain``; ``deferred``, under `producers.instrument` (trace files
 in a temporary directory) with snapshot results read back at a later step boundary;
+``torch-ops``, the same with digests by torch ops instead of the fused CUDA kernel;
 ``immediate``, the same with ``TRAINWATCH_IMMEDIATE_READBACK`` behaviour (every
 snapshot reads its norms and digests back at once).  During the measured steps
 ``torch.cuda.set_sync_debug_mode("warn")`` turns each synchronising CUDA call into a
@@ -33,7 +34,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import producers  # noqa: E402
-from producers import readback  # noqa: E402
+from producers import digest_kernel, readback  # noqa: E402
 from producers.digest import tensor_digests  # noqa: E402
 from producers.report import read_trace_dir  # noqa: E402
 
@@ -71,6 +72,9 @@ def measure(mode: str, args: argparse.Namespace, trace_root: Path) -> dict[str, 
 
     readback.Readback.resolve = counted_resolve  # type: ignore[method-assign]
     readback.IMMEDIATE = mode == "immediate"
+    kernel_state = dict(digest_kernel._state)
+    if mode == "torch-ops":  # the earlier digests: torch ops, a dozen kernels per chunk
+        digest_kernel._state.update(kernel=None, checked=True)
     session = None if mode == "plain" else producers.instrument(run_id=f"sync-{mode}", trace_dir=trace_root / mode, quiet=True)
     try:
         if session is not None:
@@ -94,6 +98,7 @@ def measure(mode: str, args: argparse.Namespace, trace_root: Path) -> dict[str, 
             session.__exit__(None, None, None)
         readback.Readback.resolve = resolve  # type: ignore[method-assign]
         readback.IMMEDIATE = False
+        digest_kernel._state.update(kernel_state)
     syncs = [w for w in caught if "called a synchronizing" in str(w.message)]
     where = Counter(f"{Path(w.filename).name}:{w.lineno}" for w in syncs).most_common(3)
     row: dict[str, object] = {
@@ -138,7 +143,7 @@ def main() -> int:
         return 2
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, {args.steps} measured steps")
     with tempfile.TemporaryDirectory() as tmp:
-        rows = [measure(mode, args, Path(tmp)) for mode in ("plain", "deferred", "immediate")]
+        rows = [measure(mode, args, Path(tmp)) for mode in ("plain", "deferred", "torch-ops", "immediate")]
     print(f"{'mode':<10} {'syncs/step':>10} {'event waits/step':>16} {'host ms/step (median)':>22} {'wall ms/step':>12}")
     for row in rows:
         print(f"{row['mode']:<10} {row['syncs']:>10.2f} {row['waits']:>16.2f} {row['host_ms']:>22.3f} {row['wall_ms']:>12.3f}")

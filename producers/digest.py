@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any, Sequence
 import torch
 import xxhash
 
+from .digest_kernel import fused_words
+
 if TYPE_CHECKING:
     from .readback import Readback
 
@@ -160,9 +162,16 @@ def device_digest_words(tensor: torch.Tensor) -> torch.Tensor:
     Each element's bits are combined with its position, mixed, and summed with
     wrapping arithmetic; the second word uses a different seed so the pair behaves
     like a 128-bit checksum.  The result stays on the device so that a caller can
-    gather many of them and cross to the host once.
+    gather many of them and cross to the host once.  On CUDA one fused kernel computes
+    the same words (`producers.digest_kernel`); elsewhere, torch ops.
     """
     raw = _as_integers(_plain(tensor))
+    fused = fused_words(raw, reference_words)
+    return fused if fused is not None else reference_words(raw)
+
+
+def reference_words(raw: torch.Tensor) -> torch.Tensor:
+    """The device words of a flat integer tensor by torch ops, in bounded chunks."""
     device = raw.device
     total = torch.zeros(2, dtype=torch.int64, device=device)
     count = raw.numel()

@@ -147,3 +147,23 @@ def test_property_any_single_element_change_is_seen(values, index):
 def test_cuda_and_cpu_run_the_same_device_algorithm():
     t = torch.randn(4097, 3)
     assert tensor_digest(t.cuda()) == tensor_digest(t, on_device=True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_fused_cuda_kernel_gives_the_reference_words_for_every_dtype_and_size():
+    from producers import digest_kernel
+    from producers.digest import _as_integers, _plain, device_digest_words, reference_words
+
+    digest_kernel._state.update(kernel=None, checked=False)
+    generator = torch.Generator().manual_seed(3)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.complex64,
+                  torch.int64, torch.int32, torch.int8, torch.uint8, torch.bool):
+        for count in (0, 1, 4095, 4096, 4097, 3_000_001):
+            values = torch.randn(count, generator=generator) * 100
+            tensor = (values > 0 if dtype == torch.bool else values.to(dtype)).cuda()
+            words = device_digest_words(tensor)
+            assert torch.equal(words.cpu(), reference_words(_as_integers(_plain(tensor))).cpu()), (dtype, count)
+    transposed = torch.randn(300, 70, generator=generator).cuda().t()
+    assert torch.equal(device_digest_words(transposed).cpu(),
+                       reference_words(_as_integers(_plain(transposed))).cpu())
+    assert digest_kernel._state["kernel"] is not None, "the fused kernel was not used"
