@@ -16,29 +16,29 @@ BLOCK = 4096
 
 
 @triton.jit
+def _mix(values):
+    """splitmix64 finaliser in uint64 (wrapping multiply, logical shifts)."""
+    values = values ^ (values >> 30)
+    values = values * _MIX1
+    values = values ^ (values >> 27)
+    values = values * _MIX2
+    return values ^ (values >> 31)
+
+
+@triton.jit
 def _digest_blocks(x_ptr, partial_ptr, n, MASK: tl.constexpr, BLOCK: tl.constexpr):
-    """Per block, the wrapping sums of both mixed words (splitmix64 finaliser, uint64)."""
+    """Per block, the wrapping sums of both words: element bits keyed by position and
+    mixed once, then mixed again alone (first word) and with a second seed (second)."""
     pid = tl.program_id(0)
     offsets = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     valid = offsets < n
     value = tl.load(x_ptr + offsets, mask=valid, other=0).to(tl.int64)
     if MASK != 0:
         value = value & MASK
-    keyed = offsets.to(tl.uint64) * _GOLDEN + value.to(tl.uint64, bitcast=True)
-    seeded = keyed + tl.full(keyed.shape, _SECOND_SEED, tl.uint64)
-    keyed = keyed ^ (keyed >> 30)
-    keyed = keyed * _MIX1
-    keyed = keyed ^ (keyed >> 27)
-    keyed = keyed * _MIX2
-    keyed = keyed ^ (keyed >> 31)
-    seeded = seeded ^ (seeded >> 30)
-    seeded = seeded * _MIX1
-    seeded = seeded ^ (seeded >> 27)
-    seeded = seeded * _MIX2
-    seeded = seeded ^ (seeded >> 31)
+    keyed = _mix(offsets.to(tl.uint64) * _GOLDEN + value.to(tl.uint64, bitcast=True))
     zero = tl.zeros_like(keyed)
-    first = tl.sum(tl.where(valid, keyed, zero), axis=0)
-    second = tl.sum(tl.where(valid, seeded, zero), axis=0)
+    first = tl.sum(tl.where(valid, _mix(keyed), zero), axis=0)
+    second = tl.sum(tl.where(valid, _mix(keyed + tl.full(keyed.shape, _SECOND_SEED, tl.uint64)), zero), axis=0)
     tl.store(partial_ptr + pid * 2, first.to(tl.int64, bitcast=True))
     tl.store(partial_ptr + pid * 2 + 1, second.to(tl.int64, bitcast=True))
 
