@@ -22,6 +22,9 @@ from .module_facts import first_forward_context
 from .stages import real_model, stage_of
 from .summaries import summarize
 
+#: `forward_post` called by torch after a forward that raised (no output exists)
+_RAISED = object()
+
 
 class ForwardHooks:
     """The global forward pre/post hooks of a `Tracer`."""
@@ -89,8 +92,14 @@ class ForwardHooks:
             self.internal_error("module forward pre-hook", exc)
 
     def forward_post(
-        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: Any, output: Any = _RAISED
     ) -> None:
+        """After a forward, or after a forward that raised: torch then calls always-called
+        global hooks as ``hook(module, args, result)`` whatever ``with_kwargs`` says, so
+        ``output`` is missing and the call is closed as ``phase: exc`` (the nesting depth
+        and call stack must unwind, or every later forward of a program that caught the
+        error would be taken for a submodule's)."""
+        raised = output is _RAISED
         tls = self._tls
         if not self.enabled or tls.busy or torch.compiler.is_compiling():
             return
@@ -104,6 +113,13 @@ class ForwardHooks:
             if stack and stack[-1] == cid:
                 stack.pop()
             name, mtype = self._forward_names(type(module))
+            if raised:
+                self._record({
+                    "kind": "call", "t": time.time_ns(), "pid": self.pid, "tid": threading.get_native_id(),
+                    "stage": self.stage, "name": name, "api": MODULE_FORWARD, "phase": "exc", "cid": cid,
+                    "exc": "Exception", "msg": "raised in forward",
+                })
+                return
             event = {
                 "kind": "call",
                 "t": time.time_ns(),
