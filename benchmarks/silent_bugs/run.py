@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import build_default_set  # noqa: E402
 from harness import REPO, CollectResult, check, collect_with_traces, infer  # noqa: E402
+from invariants.invariant_file import load_default_set  # noqa: E402
 from references import REFERENCES  # noqa: E402
 from registry import ALL_BUGS, BugCase, onset_step  # noqa: E402
 from scoring import FalsePositives, score  # noqa: E402
@@ -96,23 +97,33 @@ def _detection_cell(d: dict) -> str:
     return f"{verdict} (+{d['delay']})"
 
 
+def default_set_line(curation: dict) -> list[str]:
+    """How the checked default set was made: this run's curation, or, with ``--no-build``
+    in a work directory without one, the shipped set as committed."""
+    if not curation:
+        count = len(load_default_set().invariants)
+        return [f"Default set: the shipped set as committed ({count} invariants), not rebuilt by this run "
+                "(`--no-build`); how it is built: docs/invariants.md.", ""]
+    reasons = ", ".join(f"{n} {kind}" for kind, n in sorted(curation.get("reason_counts", {}).items()))
+    rules = curation["rules"]
+    return [f"Default set: {curation['kept']} invariants kept of {curation['candidates']} "
+            f"inferred from {len(REFERENCES)} reference pipelines (seed {build_default_set.INFERENCE['seed']}, "
+            f"{build_default_set.INFERENCE['steps']} steps). Shipping rules: support from at least "
+            f"{rules['min_pipelines']} pipelines of {rules['min_styles']} styles, at least "
+            f"{rules['min_positives']} positive examples, agreed constants, silent on every healthy "
+            f"validation run (seed {build_default_set.VALIDATION['seed']}, {build_default_set.VALIDATION['steps']} "
+            f"steps, and the core's synthetic healthy runs). Refusals by reason (one invariant may have several): "
+            f"{reasons or 'none'}.", ""]
+
+
 def render(rows: list[dict], held_out: dict, command: str, seconds: float, curation: dict, reused: bool) -> str:
     lines = [BEGIN, "## Silent-bug benchmark (benchmarks/silent_bugs)", ""]
     lines += [f"Command: `{command}` — {seconds / 60:.1f} min on {platform.machine()} "
               f"({time.strftime('%Y-%m-%d', time.gmtime())}); one training thread per rank, CPU only."
-              + (" Traces were reused from an earlier full run in the same work directory (`--reuse`); a run "
+              + (" Traces already in the work directory were reused (`--reuse`); a run "
                  f"from scratch (`run.py --jobs 2`) collects {3 * len(ALL_BUGS) + 3 * len(REFERENCES)} training runs "
                  f"and took {FROM_SCRATCH_MINUTES} min on the 2-core development machine." if reused else ""), ""]
-    reasons = ", ".join(f"{n} {kind}" for kind, n in sorted(curation.get("reason_counts", {}).items()))
-    rules = curation.get("rules", {})
-    lines += [f"Default set: {curation.get('kept', '?')} invariants kept of {curation.get('candidates', '?')} "
-              f"inferred from {len(REFERENCES)} reference pipelines (seed {build_default_set.INFERENCE['seed']}, "
-              f"{build_default_set.INFERENCE['steps']} steps). Shipping rules: support from at least "
-              f"{rules.get('min_pipelines', '?')} pipelines of {rules.get('min_styles', '?')} styles, at least "
-              f"{rules.get('min_positives', '?')} positive examples, agreed constants, silent on every healthy "
-              f"validation run (seed {build_default_set.VALIDATION['seed']}, {build_default_set.VALIDATION['steps']} "
-              f"steps, and the core's synthetic healthy runs). Refusals by reason (one invariant may have several): "
-              f"{reasons or 'none'}.", ""]
+    lines += default_set_line(curation)
     for mode, title in (("default", "shipped default set (`trainwatch check TRACE_DIR`, no `-i`)"),
                         ("inferred", "invariants inferred from the references + the bug's healthy twin (other seed)")):
         detected = sum(1 for r in rows if r[mode]["detection"]["detected"])
