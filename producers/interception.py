@@ -4,9 +4,8 @@ Official, removable hooks first: the global optimizer step pre/post hooks (step
 boundaries and snapshots) and the global module forward pre/post hooks (roots,
 stages, module events).  Only APIs without a hook are wrapped, through
 `producers.patching.patch_attribute`.  Torch functions are wrapped too when they have
-a Python attribute to wrap (dropout, init): a ``TorchFunctionMode`` would see them as
-well, but it runs Python on *every* tensor operation, so it is entered only when the
-selection asks for torch functions that cannot be wrapped, or for ``--full``.
+a Python attribute to wrap (dropout, init); a ``TorchFunctionMode`` runs Python on *every*
+tensor operation, so it is entered only for torch functions that cannot be wrapped, or ``--full``.
 """
 
 from __future__ import annotations
@@ -35,6 +34,7 @@ from invariants.events import (
     optimizer_id,
 )
 
+from .checkpoint_hooks import install_checkpoint_hooks
 from .identity_hooks import install_identity_hooks
 from .worker_hooks import patch_worker_loop, patch_worker_start
 from .patching import PatchHandle, patch_attribute
@@ -305,6 +305,7 @@ def install(tracer: Tracer, selection: Selection, on_rank_change: Callable[[], N
             handles.append(patch_attribute(owner, attr, _make_call_wrapper(tracer, spec, on_post, record=wanted)))
     handles.extend(install_identity_hooks(tracer, record_writes=selection.wants(PARAM_OVERWRITE),
                                           record_clears=selection.wants(GRAD_CLEAR_API)))
+    handles.extend(install_checkpoint_hooks(tracer))
     handles.append(patch_worker_loop(tracer))
     handles.append(patch_worker_start(tracer))
     mode_targets = _mode_targets(selection)

@@ -66,6 +66,7 @@ class _ThreadState(threading.local):
         self.depth = 0  # module forward nesting depth
         self.forward_cids: list[int | None] = []
         self.root_paths: dict[int, str] = {}
+        self.checkpointed = 0  # reentrant checkpoint blocks in progress (gradients come later)
 
 
 class CallToken:
@@ -142,7 +143,7 @@ class Tracer(StepBoundaries, ForwardHooks, StageSwitching, WorkerReports):
                 break
         root = self._root_ref() if self._root_ref is not None else None
         return {
-            "grad": torch.is_grad_enabled(),
+            "grad": torch.is_grad_enabled() or self._tls.checkpointed > 0,
             "autocast": autocast,
             "training": bool(root.training) if root is not None else None,
         }
@@ -179,6 +180,12 @@ class Tracer(StepBoundaries, ForwardHooks, StageSwitching, WorkerReports):
             self.notice("compile", "inside torch.compile'd regions nothing is recorded (eager code is)")
             return True
         return False
+
+    def checkpoint_entered(self) -> None:
+        self._tls.checkpointed += 1
+
+    def checkpoint_left(self) -> None:
+        self._tls.checkpointed -= 1
 
     @property
     def busy(self) -> bool:
