@@ -78,6 +78,8 @@ class TrainingFlag(Template):
                     flag = args.get("training")
                     if not isinstance(flag, bool):
                         continue
+                if "dropout" in api and _drops_nothing(call):
+                    continue
                 stage = call.get("stage", "")
                 families_here = [("flag", api, call.get("mtype") or "", stage)]
                 if "dropout" in api and _grad_disabled(call):
@@ -138,7 +140,8 @@ class TrainingFlag(Template):
 
     def needs(self, params: Mapping[str, Any]) -> FactPlan:
         # a call's ctx (where first_forward lives) is always kept with the call
-        return FactPlan(apis={params["api"]}, args={params["api"]: {"training"}}, state_points=set(), state_attrs=set())
+        kept = {"training", "p"} if "dropout" in params["api"] else {"training"}
+        return FactPlan(apis={params["api"]}, args={params["api"]: kept}, state_points=set(), state_attrs=set())
 
     def describe(self, params: Mapping[str, Any]) -> str:
         mode = "training" if params["training"] else "evaluation"
@@ -165,6 +168,14 @@ class TrainingFlag(Template):
             return "the module is in eval mode during training: model.train() was not called back after evaluation"
         return ("the module is still in training mode during evaluation (dropout active, batch-norm statistics "
                 "updated): model.eval() was not called, or a submodule overrides its mode")
+
+
+def _drops_nothing(call: Mapping[str, Any]) -> bool:
+    """A dropout with ``p = 0`` changes no value in either mode: models configured with
+    zero dropout (most large language models) run it in training mode during
+    generation rollouts and momentum-encoder passes without gradients, harmlessly."""
+    rate = (call.get("args") or {}).get("p")
+    return type(rate) in (int, float) and rate == 0
 
 
 #: record fields that say which mode a pass was meant to run in: a rule about passes
