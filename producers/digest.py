@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 import xxhash
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from .digest_kernel import fused_words
 
@@ -59,7 +60,20 @@ def skip_reason(tensor: torch.Tensor) -> str | None:
         return "layout"
     if tensor.is_quantized:
         return "quantized"
+    if type(tensor) not in _PLAIN_TYPES and is_traceable_wrapper_subclass(tensor):
+        return "subclass"  # its data lives in inner tensors: no bytes of its own to read
     return None
+
+
+def local_data(tensor: torch.Tensor) -> torch.Tensor:
+    """What this process holds of a tensor: a DTensor's local shard, any other tensor itself.
+
+    FSDP2 (``fully_shard``) and tensor parallelism make parameters DTensors, wrappers
+    whose own storage is empty; their values and digests are those of the local shard.
+    """
+    if type(tensor) not in _PLAIN_TYPES and hasattr(tensor, "placements") and hasattr(tensor, "to_local"):
+        return tensor.to_local()
+    return tensor
 
 
 def _is_fake(tensor: torch.Tensor) -> bool:

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
-from .digest import skip_reason, tensor_digests
+from .digest import local_data, skip_reason, tensor_digests
 from .params import ParamEntry
 from . import readback as _readback
 from .readback import Readback, put
@@ -156,10 +156,10 @@ def snapshot_attrs(
                 continue
             cached = memo.lookup(primaries[index].param, grad) if memo is not None else None
             if cached is None:
-                todo.append((index, grad.detach()))
+                todo.append((index, local_data(grad.detach())))
             else:
                 grad_digests[index], grad_norms[index] = cached
-        datas = [entry.param.detach() for entry in primaries] if data else []
+        datas = [local_data(entry.param.detach()) for entry in primaries] if data else []
         tensors = datas + [tensor for _, tensor in todo]
         digests = tensor_digests(tensors, on_device=on_device, readback=readback)
         norms = _norms(tensors, readback)
@@ -225,7 +225,7 @@ def _static_attrs(entry: ParamEntry, param: torch.Tensor, memo: "SnapshotMemo | 
     }
     if entry.holder is not None:
         attrs["holder"] = entry.holder
-    reason = skip_reason(param)
+    reason = skip_reason(local_data(param))
     if reason is not None:
         attrs["digest_skipped"] = reason
     parallel = _parallel_attributes(param)
@@ -237,11 +237,20 @@ def _static_attrs(entry: ParamEntry, param: torch.Tensor, memo: "SnapshotMemo | 
 
 
 def _parallel_attributes(param: torch.Tensor) -> dict[str, Any]:
+    """Sharding marks: the attributes Megatron/DeepSpeed-style frameworks set, and
+    ``sharded`` for parameters PyTorch itself shards (a DTensor with a ``Shard``
+    placement under FSDP2 or tensor parallelism; FSDP1's flat parameters)."""
+    marks: dict[str, Any] = {}
+    placements = getattr(param, "placements", None) if type(param) not in (torch.Tensor, torch.nn.Parameter) else None
+    if placements is not None and any(getattr(p, "is_shard", lambda: False)() for p in placements):
+        marks["sharded"] = True
+    if type(param).__name__ == "FlatParameter":
+        marks["sharded"] = True
     extra = getattr(param, "__dict__", None)
-    if not extra:
-        return {}
-    return {
-        key: extra[key]
-        for key in PARALLEL_ATTRIBUTES
-        if key in extra and (extra[key] is None or isinstance(extra[key], (bool, int, float, str)))
-    }
+    if extra:
+        marks.update({
+            key: extra[key]
+            for key in PARALLEL_ATTRIBUTES
+            if key in extra and (extra[key] is None or isinstance(extra[key], (bool, int, float, str)))
+        })
+    return marks

@@ -89,12 +89,13 @@ def _drift_evidence(snapshots: dict[int, dict[str, dict]], name: str, attr: str,
 
 def _framework_sharded(attrs: Mapping[str, Any]) -> bool:
     """A variable its framework marks as a shard or expert (Megatron/DeepSpeed attributes
-    captured by the producer as ``parallel``) is not a replica, even when it starts
+    captured by the producer as ``parallel``, and ``sharded`` for PyTorch's own DTensor
+    and FSDP shards) is not a replica, even when it starts
     identical on every rank (a zero-initialised column-parallel bias)."""
     marks = attrs.get("parallel")
     if not isinstance(marks, dict):
         return False
-    return (marks.get("tensor_model_parallel") is True or marks.get("allreduce") is False
+    return (marks.get("tensor_model_parallel") is True or marks.get("sharded") is True or marks.get("allreduce") is False
             or bool(marks.get("expert")) or bool(marks.get("moe")))
 
 
