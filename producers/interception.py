@@ -36,6 +36,7 @@ from invariants.events import (
 
 from .checkpoint_hooks import install_checkpoint_hooks
 from .identity_hooks import install_identity_hooks
+from .script_hooks import patch_jit_script
 from .worker_hooks import patch_worker_loop, patch_worker_start
 from .patching import PatchHandle, patch_attribute
 from .selection import COLLECTIVES, DROPOUT_FUNCTIONS, INIT_FUNCTIONS, Selection
@@ -305,9 +306,8 @@ def install(tracer: Tracer, selection: Selection, on_rank_change: Callable[[], N
             handles.append(patch_attribute(owner, attr, _make_call_wrapper(tracer, spec, on_post, record=wanted)))
     handles.extend(install_identity_hooks(tracer, record_writes=selection.wants(PARAM_OVERWRITE),
                                           record_clears=selection.wants(GRAD_CLEAR_API)))
-    handles.extend(install_checkpoint_hooks(tracer))
-    handles.append(patch_worker_loop(tracer))
-    handles.append(patch_worker_start(tracer))
+    handles += [*install_checkpoint_hooks(tracer), patch_worker_loop(tracer), patch_worker_start(tracer)]
+    handles.append(patch_jit_script(list(handles)))
     mode_targets = _mode_targets(selection)
     if selection.full or mode_targets:
         wrapped = frozenset(

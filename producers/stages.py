@@ -35,8 +35,12 @@ def real_model(module: torch.nn.Module) -> torch.nn.Module:
         if isinstance(module, _data_parallel_types()):
             inner = module.module
         else:
+            modules = module.__dict__.get("_modules")  # a scripted module's has no ``get``
             for attribute in _WRAPPED_ATTRIBUTES:
-                candidate = module.__dict__.get("_modules", {}).get(attribute)
+                try:
+                    candidate = modules[attribute] if modules is not None else None
+                except (KeyError, RuntimeError):
+                    candidate = None
                 if isinstance(candidate, torch.nn.Module):
                     inner = candidate
                     break
