@@ -48,6 +48,19 @@ def names_rng_value(arg: Any) -> bool:
     return any(word in lowered for word in RNG_WORDS)
 
 
+def _by_pass(calls: list[dict[str, Any]]) -> dict[tuple[str, Any], list[dict[str, Any]]]:
+    """A rank's calls by the kind of pass that made them (stage, gradients on or off).
+
+    Ranks are compared call by call within the same kind of pass: work that only some
+    ranks do (rank 0 evaluating or logging without gradients between two iterations)
+    must not shift the calls every rank makes."""
+    grouped: dict[tuple[str, Any], list[dict[str, Any]]] = {}
+    for call in calls:
+        ctx = call.get("ctx")
+        grouped.setdefault((call.get("stage", ""), ctx.get("grad") if isinstance(ctx, dict) else None), []).append(call)
+    return grouped
+
+
 class APIArg(Template):
     relation = "APIArg"
 
@@ -94,13 +107,24 @@ class APIArg(Template):
     def _rank_sites(self, view: WindowView, api: str, per_rank: dict, mode: Mode,
                     wanted_names: list[str] | None) -> Iterator[Site]:
         """``wanted_names``: the sorted argument names deployed rules are about (checking)."""
-        checking, families = mode.checking, mode.families
         holders = [r for r in sorted(per_rank) if api in per_rank[r]]
         if len(holders) < 2:
             return
-        occurrences = min(len(per_rank[r][api]) for r in holders)
+        by_pass = {r: _by_pass(per_rank[r][api]) for r in holders}
+        for key in sorted(set().union(*by_pass.values()), key=repr):
+            sharing = [r for r in holders if key in by_pass[r]]
+            if len(sharing) >= 2:
+                yield from self._aligned_sites(view, {r: by_pass[r][key] for r in sharing}, api, mode,
+                                               wanted_names)
+
+    def _aligned_sites(self, view: WindowView, calls_by_rank: dict[int, list[dict[str, Any]]], api: str,
+                       mode: Mode, wanted_names: list[str] | None) -> Iterator[Site]:
+        """The i-th calls of one kind of pass, compared across the ranks that made them."""
+        checking, families = mode.checking, mode.families
+        holders = sorted(calls_by_rank)
+        occurrences = min(len(found) for found in calls_by_rank.values())
         for index in range(occurrences):
-            calls = {r: per_rank[r][api][index] for r in holders}
+            calls = {r: calls_by_rank[r][index] for r in holders}
             if wanted_names is None:
                 names = sorted(set.intersection(*(set(c["args"]) for c in calls.values())))
             else:
