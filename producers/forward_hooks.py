@@ -60,6 +60,8 @@ class ForwardHooks:
             stack = tls.stack
             name, mtype = self._forward_names(type(module))
             ctx = self._ctx()
+            if self._parameter_free(module):
+                ctx["no_params"] = True
             if self._first_forwards.is_first(module):
                 tls.busy = True  # its torch work (spectral-norm check) is ours, not the user's
                 try:

@@ -61,6 +61,29 @@ class FirstForwards:
         return len(self._seen)
 
 
+class ParameterFree:
+    """Which module instances hold no parameter, themselves or below: modules that can
+    only transform samples (normalise, pad, augment), never learn to regroup them
+    (pool nodes into graphs, merge time into the batch).  Each instance is looked at
+    once; the answer is kept while it lives."""
+
+    def __init__(self) -> None:
+        self._known: dict[int, tuple[weakref.ref[torch.nn.Module], bool]] = {}
+
+    def __call__(self, module: torch.nn.Module) -> bool:
+        key = id(module)
+        entry = self._known.get(key)
+        if entry is not None and entry[0]() is module:
+            return entry[1]
+        free = next(iter(module.parameters()), None) is None
+        known = self._known
+        try:
+            known[key] = (weakref.ref(module, lambda _ref, key=key: known.pop(key, None)), free)
+        except TypeError:  # a module type without weak references: asked again next time
+            pass
+        return free
+
+
 def spectral_norm_kind(module: torch.nn.Module) -> str | None:
     """``"hook"`` / ``"parametrization"`` when the module's weight is spectrally normalised."""
     for hook in module._forward_pre_hooks.values():

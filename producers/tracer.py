@@ -35,7 +35,7 @@ from invariants.events import (
     PARAMETER_VTYPE,
 )
 
-from .module_facts import FirstForwards
+from .module_facts import FirstForwards, ParameterFree
 from .param_snapshots import SnapshotMemo, snapshot_attrs
 from .params import ParameterRegistry
 from .recorder import StepRecorder
@@ -121,6 +121,7 @@ class Tracer(StepBoundaries, ForwardHooks, StageSwitching, WorkerReports):
         self._autocast_devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
         self._class_names: dict[type, tuple[str, str]] = {}
         self._first_forwards = FirstForwards()
+        self._parameter_free = ParameterFree()
         self.recorder.append(self._event("step", phase="begin"))
 
     # -- small helpers --------------------------------------------------------------

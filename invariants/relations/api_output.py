@@ -15,12 +15,14 @@ Calls of ``torch.nn.Module.forward`` are keyed by module type (``mtype``): a rul
 a ``LayerNorm`` says nothing about a ``Conv2d``.  Inferred rules are keyed only on torch
 layers (`identity.names_torch_behaviour`): a user's class name means nothing in another
 program.  Two exceptions transfer across
-pipelines.  A module forward whose tensor output has the same rank (at least 2) as its
-tensor input ``"0"`` is also a site of the type-free rule ``{"form": "same_as_input",
-"api": "torch.nn.Module.forward", "arg": "0", "prop": "batch"}`` — "a module that keeps
-the layout of its input keeps its samples": layers, blocks, preprocessing and
-normalisation modules never add or drop samples of a batch, whatever the user called
-them, while modules that flatten, embed or pool change the rank and are not judged.
+pipelines.  A forward of a module holding no parameter whose tensor output has the
+same rank (at least 2) as its tensor input ``"0"`` is also a site of the type-free rule
+``{"form": "same_as_input", "api": "torch.nn.Module.forward", "arg": "0", "prop":
+"batch"}`` — "a module that keeps the layout of its input keeps its samples":
+preprocessing, normalisation and augmentation modules never add or drop samples,
+whatever the user called them.  Modules that flatten, embed or pool change the rank;
+models may regroup samples at the same rank (a graph readout, time merged into the
+batch): neither is judged.
 And a module forward given a *generation budget* keyword
 (``max_new_tokens``, ``max_length``...) and returning integer token ids is also a site
 of the type-free rule ``{"form": "bounded", "api": "torch.nn.Module.forward", "arg":
@@ -36,8 +38,8 @@ from typing import Any, Iterator, Mapping
 from ..events import MODULE_FORWARD
 from ..window import FactPlan
 from .base import Lazy, Mode, Site, Template
-
 from .view import WindowView, freeze, is_number, is_scalar, thaw
+
 CONSTANT_PROPS = ("dtype",)
 #: ``batch`` is the leading dimension: preprocessing may pad or crop, never drop samples
 INPUT_PROPS = ("shape", "dtype", "batch")
@@ -55,8 +57,7 @@ def _is_token_ids(ret: Any) -> bool:
 
 def _prop(summary: dict[str, Any], prop: str, *, is_input: bool = False) -> Any:
     if prop == "batch":
-        # an input has a batch only with a sample axis besides its features: a 1-D
-        # input is one unbatched sample (an RL policy fed one state), not a batch
+        # a 1-D input is one unbatched sample (an RL policy fed one state), not a batch
         shape = summary.get("shape")
         min_rank = BATCH_KEEPING_MIN_RANK if is_input else 1
         return shape[0] if isinstance(shape, list) and len(shape) >= min_rank and isinstance(shape[0], int) else None
@@ -86,6 +87,8 @@ def _batch_keeping_site(view: WindowView, call: dict[str, Any], rank: int, stage
     dimension need not be the batch any more.  Rank-1 tensors are not judged either:
     their one dimension is as often a feature or token axis as a batch.
     """
+    if (call.get("ctx") or {}).get("no_params") is not True:
+        return None  # a model may regroup samples (graph readout, time merged into the batch)
     in_shape, out_shape = _tensor_shape(arg), _tensor_shape(ret)
     if in_shape is None or out_shape is None or len(in_shape) != len(out_shape) \
             or len(in_shape) < BATCH_KEEPING_MIN_RANK:
@@ -326,8 +329,8 @@ class APIOutput(Template):
         if form == "same_as_input":
             what = "batch size (leading dimension)" if params["prop"] == "batch" else params["prop"]
             if params["api"] == MODULE_FORWARD and not params.get("mtype"):
-                return (f"a module whose output has the rank of its argument {params['arg']!r} keeps its "
-                        f"{what}: no module drops or adds samples")
+                return (f"a module without parameters whose output has the rank of its argument "
+                        f"{params['arg']!r} keeps its {what}: no preprocessing step drops or adds samples")
             return f"the output {what} of {api} equals the {what} of its argument {params['arg']!r}"
         return f"the output {params['out']} of {api} never exceeds its argument {params['arg']!r}"
 

@@ -99,4 +99,23 @@ def test_first_forward_events_carry_the_facts_and_later_ones_do_not(tmp_path):
     assert all(e["ctx"]["first_forward"] is True for _, e in pres if "first_forward" in e["ctx"])
     # steady state: later forwards carry the plain context only
     later = [e for step, e in pres if step == 3]
-    assert later and all(set(e["ctx"]) == {"grad", "autocast", "training"} for e in later)
+    assert later and all(set(e["ctx"]) - {"no_params"} == {"grad", "autocast", "training"} for e in later)
+
+
+def test_forwards_of_modules_without_parameters_say_so_and_models_do_not(tmp_path):
+    """The type-free batch rule judges only parameter-free modules (preprocessing); a
+    model may regroup samples (a graph readout, time merged into the batch)."""
+
+    class Normalise(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return (x - x.mean()) / (x.std() + 1e-5)
+
+    with producers.instrument(run_id="r-noparams", trace_dir=tmp_path, quiet=True):
+        normalise, model = Normalise(), nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            optimizer.zero_grad()
+            model(normalise(torch.randn(3, 4))).sum().backward()
+            optimizer.step()
+    flags = {event["mtype"]: event["ctx"].get("no_params") for _, event in _forward_pres(tmp_path)}
+    assert flags == {"Normalise": True, "Sequential": None, "Linear": None, "ReLU": True}

@@ -388,14 +388,19 @@ def test_budget_words_of_no_generation_give_no_rule_about_a_user_class():
     assert [i.params for i in inferencer.finish() if i.params.get("form") == "bounded"] == []
 
 
+#: module types of these tests that hold parameters (the producer marks the others ``no_params``)
+WITH_PARAMS = {"Conv2d", "GraphReadout", "CharLM"}
+
+
 def _forward_batch(step: int, modules: list[tuple[str, list[int], list[int]]], *, stage: str = "train") -> dict:
     """Module forwards of one step: (module type, input shape, output shape)."""
     events = []
     for index, (mtype, shape_in, shape_out) in enumerate(modules):
         cid = step * 100 + index + 1
+        ctx = {"grad": stage == "train"} if mtype in WITH_PARAMS else {"grad": stage == "train", "no_params": True}
         base = {"kind": "call", "pid": 1, "tid": 1, "stage": stage, "name": f"{mtype}.forward",
                 "api": "torch.nn.Module.forward", "cid": cid, "parent": None, "module": f"m{index}",
-                "mtype": mtype, "training": stage == "train", "ctx": {"grad": stage == "train"}}
+                "mtype": mtype, "training": stage == "train", "ctx": ctx}
         events.append(dict(base, t=cid * 2, phase="pre", args={"0": {"T": "tensor", "shape": shape_in, "dtype": "float32"}}))
         events.append(dict(base, t=cid * 2 + 1, phase="post", ret={"T": "tensor", "shape": shape_out, "dtype": "float32"}))
     events.append({"kind": "step", "t": step * 1000 + 999, "pid": 1, "tid": 1, "stage": stage, "phase": "end"})
@@ -409,6 +414,8 @@ def test_modules_that_keep_their_input_rank_keep_the_batch_whatever_their_type()
     healthy = [
         ("Conv2d", [16, 1, 8, 8], [16, 8, 8, 8]),
         ("Encoder", [16, 8, 8, 8], [16, 8, 4, 4]),
+        ("GraphReadout", [37, 8], [6, 8]),  # a model pooling nodes into graphs: not judged
+        ("CharLM", [8, 12], [96, 30]),  # a model merging time into the batch: not judged
         ("Flatten", [16, 8, 4, 4], [16, 128]),  # a change of rank: not judged
         ("LMHead", [4, 7, 32], [28, 32]),  # (B, T, V) -> (B*T, V) logits: not judged
         ("PositionalTable", [7], [5]),  # rank 1: not a batch axis
@@ -420,7 +427,8 @@ def test_modules_that_keep_their_input_rank_keep_the_batch_whatever_their_type()
     assert "keeps its batch size" in rules[0].description
     # another pipeline: its own preprocessing class collapses the batch to one sample at step 2
     other = [_forward_batch(s, [("Preprocessor", [16, 1, 8, 8], [1 if s == 2 else 16, 1, 10, 10]),
-                                ("LMHead", [2, 9, 50], [18, 50]), ("PositionalTable", [9], [3])])
+                                ("LMHead", [2, 9, 50], [18, 50]), ("PositionalTable", [9], [3]),
+                                ("GraphReadout", [41, 8], [5, 8])])
              for s in range(4)]
     violations = check(rules, other)
     assert [(v.step, v.evidence["first"]["mtype"], v.evidence["first"]["input"], v.evidence["first"]["output"])
