@@ -79,7 +79,9 @@ class ParameterRegistry:
         """The optimizer's stable index.  A wrapper that shares another optimizer's
         ``param_groups`` list (Lightning's ``LightningOptimizer``, Accelerate's
         ``AcceleratedOptimizer``) is that optimizer: its ``zero_grad`` clears exactly
-        what the inner one steps, so both get one index."""
+        what the inner one steps, so both get one index.  So is an optimizer built over
+        another's very group dicts (SAM's base optimizer, stepped by the wrapper's
+        ``second_step`` while the wrapper clears the gradients)."""
         index = self._optimizer_ids.get(id(optimizer))
         if index is None:
             index = self._wrapped_index(optimizer)
@@ -97,8 +99,9 @@ class ParameterRegistry:
         if groups is None:
             return None
         for index, ref in enumerate(self._optimizers):
-            other = ref()
-            if other is not None and getattr(other, "param_groups", None) is groups:
+            theirs = getattr(ref(), "param_groups", None)
+            if theirs is groups or (isinstance(theirs, list) and isinstance(groups, list) and len(theirs) == len(groups)
+                                    and all(mine is other for mine, other in zip(groups, theirs))):
                 return index
         return None
 
