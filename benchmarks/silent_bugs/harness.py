@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -18,6 +19,7 @@ from typing import Any, Sequence
 
 REPO = Path(__file__).resolve().parents[2]
 TRAINWATCH = (sys.executable, "-m", "trainwatch.cli")
+GLOO_TEARDOWN_ABORT = "terminate called without an active exception"
 
 
 def child_env() -> dict[str, str]:
@@ -61,14 +63,20 @@ def collect(command: Sequence[str], trace_dir: Path, run_id: str, timeout_s: flo
             stale.unlink()
     trace_dir.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    try:
-        proc = subprocess.run(
-            [*TRAINWATCH, "collect", "-o", str(trace_dir), "--run-id", run_id, "--", *command],
-            cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=timeout_s,
-        )
-        code, output = proc.returncode, proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired as exc:
-        code, output = 124, f"timed out after {timeout_s:.0f}s: {exc}"
+    for _attempt in range(2):
+        try:
+            proc = subprocess.run(
+                [*TRAINWATCH, "collect", "-o", str(trace_dir), "--run-id", run_id, "--", *command],
+                cwd=REPO, env=child_env(), capture_output=True, text=True, timeout=timeout_s,
+            )
+            code, output = proc.returncode, proc.stdout + proc.stderr
+        except subprocess.TimeoutExpired as exc:
+            code, output = 124, f"timed out after {timeout_s:.0f}s: {exc}"
+        # gloo can abort a rank at interpreter exit after training finished (with or
+        # without trainwatch, more often on a loaded machine): that alone is run again
+        if code == 0 or GLOO_TEARDOWN_ABORT not in output:
+            break
+        shutil.rmtree(trace_dir, ignore_errors=True)
     return CollectResult(trace_dir, code, time.monotonic() - started, output[-2000:])
 
 

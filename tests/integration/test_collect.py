@@ -17,16 +17,15 @@ import pytest
 
 from invariants.codec import TRACE_MAGIC
 from producers.report import read_trace_batches, read_trace_dir, read_trace_summary
+from tests.support.teardown import run_program
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 
 
 def collect(args: list[str], env: dict[str, str], cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "trainwatch.cli", "collect", *args],
-        env=env, cwd=cwd or ROOT, capture_output=True, text=True, timeout=timeout,
-    )
+    return run_program([sys.executable, "-m", "trainwatch.cli", "collect", *args],
+                       env=env, cwd=cwd or ROOT, timeout=timeout)
 
 
 def states_by(batches: list[dict], at: str) -> dict[int, dict[str, dict]]:

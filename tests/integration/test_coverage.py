@@ -20,6 +20,7 @@ import pytest
 from invariants.events import make_batch
 from invariants.invariant_file import dumps
 from invariants.model import Invariant
+from tests.support.teardown import run_program
 from trainwatch.cli import main
 from trainwatch.tracedir import write_trace_dir
 
@@ -53,8 +54,7 @@ with torch.no_grad():
 
 
 def trainwatch(*args: str, env: dict[str, str], timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trainwatch.cli", *args], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+    return run_program([sys.executable, "-m", "trainwatch.cli", *args], env=env, cwd=ROOT, timeout=timeout)
 
 
 def collect(tmp_path: Path, name: str, env: dict[str, str], *command: str) -> Path:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from invariants.invariant_file import loads
+from tests.support.teardown import run_program
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS, PERTURB_STEP, PERTURB_RANK = 6, 3, 1
@@ -21,8 +22,7 @@ pytestmark = pytest.mark.slow
 
 
 def trainwatch(*args: str, env: dict[str, str], timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trainwatch.cli", *args], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+    return run_program([sys.executable, "-m", "trainwatch.cli", *args], env=env, cwd=ROOT, timeout=timeout)
 
 
 def collect_ddp(out: Path, env: dict[str, str], *extra: str) -> Path:

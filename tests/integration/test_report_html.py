@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from tests.support.png import read_png
+from tests.support.teardown import run_program
 
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOT = ROOT / "docs" / "img" / "report.png"
@@ -34,8 +35,7 @@ RUN_ID = "ddp-drift"
 
 
 def trainwatch(*args: str, env: dict[str, str], cwd: Path = ROOT, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trainwatch.cli", *args], env=env, cwd=cwd,
-                          capture_output=True, text=True, timeout=timeout)
+    return run_program([sys.executable, "-m", "trainwatch.cli", *args], env=env, cwd=cwd, timeout=timeout)
 
 
 def require_chromium() -> str:

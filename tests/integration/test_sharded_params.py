@@ -16,6 +16,7 @@ import torch
 
 from producers.digest import local_data, skip_reason
 from producers.report import read_trace_dir
+from tests.support.teardown import run_program
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,11 +30,11 @@ def test_the_wrapper_subclass_test_the_digest_relies_on_still_exists():
 
 def test_fsdp2_training_under_collect_records_shards_and_checks_clean(tmp_path, clean_env):
     traces = tmp_path / "traces"
-    collect = subprocess.run(
+    collect = run_program(
         [sys.executable, "-m", "trainwatch.cli", "collect", "-o", str(traces), "--",
          sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
          str(ROOT / "examples" / "fsdp2_gloo.py"), "--steps", "4"],
-        capture_output=True, text=True, timeout=240, env=clean_env)
+        timeout=240, env=clean_env)
     assert collect.returncode == 0, collect.stdout[-2000:] + collect.stderr[-3000:]
     assert "internal error" not in collect.stderr
     runs = read_trace_dir(traces)
