@@ -301,7 +301,7 @@ def test_watch_and_serve_help_show_the_command_and_the_defaults(capsys):
             main([command, "--help"])
     out = " ".join(capsys.readouterr().out.split())  # help text is wrapped at any width
     assert "usage: trainwatch watch [options] -- CMD..." in out
-    for default in ("(default: 9464;", "(default: 127.0.0.1;", "(default: 3 s;", "(default: trainwatch-checker;",
+    for default in ("(default: 9464;", "(default: 127.0.0.1;", "(default: 10 s;", "(default: trainwatch-checker;",
                     "(default: 16777216;", "(default: WARNING;"):
         assert default in out
 

@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="address /metrics binds to (default: %(default)s; env TRAINWATCH_METRICS_HOST)")
     parser.add_argument("--partitions", type=int, default=_env("PARTITIONS", "4"),
                         help="partitions of the events topic and tables (default: %(default)s; env TRAINWATCH_PARTITIONS)")
-    parser.add_argument("--grace-seconds", type=float, default=_env("GRACE_SECONDS", str(DEFAULT_GRACE_SECONDS)),
+    parser.add_argument("--grace-seconds", type=float, default=_env("GRACE_SECONDS", f"{DEFAULT_GRACE_SECONDS:g}"),
                         help="close a window this long after its last batch (default: %(default)s s; env TRAINWATCH_GRACE_SECONDS)")
     parser.add_argument("--topic-prefix", default=_env("TOPIC_PREFIX", DEFAULT_TOPIC_PREFIX),
                         help="topic name prefix (default: %(default)s; env TRAINWATCH_TOPIC_PREFIX)")
