@@ -195,11 +195,15 @@ class SyntheticRun:
 
         def modules(root: int) -> Iterator[dict[str, Any]]:
             for mod, mtype in self.modules:
-                flag = training or (mtype == "Dropout" and self._fault("dropout_in_eval", step, rank))
+                flag = training
                 if mtype == "Dropout":
-                    def drop(cid: int, flag: bool = flag) -> Iterator[dict[str, Any]]:
+                    # the fault: a functional dropout that ignores its module's mode
+                    # (``F.dropout(x, p)`` defaults to training=True) stays on in eval
+                    active = training or self._fault("dropout_in_eval", step, rank)
+
+                    def drop(cid: int, active: bool = active) -> Iterator[dict[str, Any]]:
                         yield from self._call(pid, stage, "torch.nn.functional.dropout", parent=cid, ctx=ctx,
-                                              args={"input": tensor, "p": 0.1, "training": flag},
+                                              args={"input": tensor, "p": 0.1, "training": active},
                                               ret=dict(tensor, dtype=out_dtype))
                     yield from self._call(pid, stage, MODULE_FORWARD, parent=root, ctx=ctx,
                                           extra={"module": mod, "mtype": mtype, "training": flag}, children=drop,

@@ -52,8 +52,10 @@ PROBES: tuple[Probe, ...] = (
     *(Probe(name, HERE / f"{name}.py") for name in (
         "hf_t5", "hf_vit", "hf_gpt2_ckpt", "lightning_es", "accel_accum", "swa_bf16", "amp_scaler",
         "multitask_alt", "moco_p0", "rollout_p0", "prune_wn", "maml_func", "sparse_emb", "jit_script",
-        "misc_loops", "dataparallel", "lm_flat", "gnn_graphcls", "unfreeze", "kfold", "opt_switch", "sam_opt")),
+        "misc_loops", "dataparallel", "lm_flat", "gnn_graphcls", "unfreeze", "kfold", "opt_switch", "sam_opt",
+        "hf_ner", "timm_style", "embedding_maxnorm", "dqn_hard", "ddp_spawn_nosync", "mc_dropout", "mean_teacher")),
     Probe("tp", HERE / "tp.py", ranks=2),
+    Probe("accel_ddp", HERE / "accel_ddp.py", ranks=2),
     Probe("fsdp2", REPO / "examples" / "fsdp2_gloo.py", ranks=2, args=("--steps", "6")),
     Probe("ddp_rank0_eval", REPO / "tests" / "data" / "programs" / "ddp_rank0_eval.py", ranks=2,
           args=("9", "{scratch}")),
@@ -64,6 +66,9 @@ KNOWN_FALSE_ALARMS = {
     "sam_opt": "SAM clears gradients between its two backward passes: the clear after a backward with no "
                "step in between ends an iteration there (the skipped-step boundary), splitting each SAM "
                "iteration in two, so 'backward before step' breaks",
+    "mean_teacher": "the teacher keeps dropout on without gradients by design; nothing in the trace tells it from "
+                    "an evaluation that forgot model.eval() (both models are in training mode, no optimizer "
+                    "difference is consulted)",
 }
 
 

@@ -78,7 +78,7 @@ class TrainingFlag(Template):
                     flag = args.get("training")
                     if not isinstance(flag, bool):
                         continue
-                if "dropout" in api and _drops_nothing(call):
+                if ("dropout" in api and _drops_nothing(call)) or (flag and _monte_carlo_dropout(view, rank, call)):
                     continue
                 stage = call.get("stage", "")
                 families_here = [("flag", api, call.get("mtype") or "", stage)]
@@ -176,6 +176,37 @@ def _drops_nothing(call: Mapping[str, Any]) -> bool:
     generation rollouts and momentum-encoder passes without gradients, harmlessly."""
     rate = (call.get("args") or {}).get("p")
     return type(rate) in (int, float) and rate == 0
+
+
+#: module types whose forward is a dropout (kept in training mode on purpose for Monte
+#: Carlo dropout: ``model.eval()`` then ``.train()`` on these modules alone)
+DROPOUT_MODULES = frozenset({"Dropout", "Dropout1d", "Dropout2d", "Dropout3d", "AlphaDropout",
+                             "FeatureAlphaDropout"})
+
+
+def _monte_carlo_dropout(view: WindowView, rank: int, call: Mapping[str, Any]) -> bool:
+    """Dropout switched on by hand inside a model in eval mode: a dropout module in
+    training mode (or the dropout call it makes) while its model is in eval mode.
+    Forgetting ``eval()`` leaves the model in training mode too; a functional dropout
+    that ignores ``self.training`` is called by a module that is itself in eval mode."""
+    ctx = call.get("ctx")
+    if not isinstance(ctx, dict) or ctx.get("training") is not False:
+        return False
+    if call.get("mtype") in DROPOUT_MODULES:
+        return _switched_on(call)
+    parent = call.get("parent")
+    if parent is None or "dropout" not in call.get("api", ""):
+        return False
+    caller = next((c for c in view.calls_by_api(rank).get(MODULE_FORWARD, ()) if c.get("key") == parent), None)
+    return caller is not None and caller.get("mtype") in DROPOUT_MODULES and _switched_on(caller)
+
+
+def _switched_on(module_call: Mapping[str, Any]) -> bool:
+    """A dropout module of the model (``module`` is its path there) in training mode:
+    ``model.eval()`` reached it, so only a later ``.train()`` on it can have switched it
+    on.  A module the model does not register (kept in a Python list) never gets
+    ``eval()`` at all: that is a bug and stays judged."""
+    return module_call.get("training") is True and isinstance(module_call.get("module"), str)
 
 
 #: record fields that say which mode a pass was meant to run in: a rule about passes
