@@ -38,6 +38,7 @@ class ParameterOwnership:
         self._loaded: dict[int, weakref.ref[torch.Tensor]] = {}
         self._by_address: dict[int, weakref.ref[torch.Tensor]] = {}
         self.stepped: set[int] = set()
+        self._untrained: dict[int, tuple[int, bool]] = {}  # id(model) -> (step asked, answer)
 
     # -- parameters ------------------------------------------------------------------------
     def remember(self, param: torch.Tensor) -> None:
@@ -109,6 +110,16 @@ class ParameterOwnership:
 
     def is_trained(self, param: torch.Tensor) -> bool:
         return _marked(self._trained, param)
+
+    def untrained(self, model: torch.nn.Module, step: int) -> bool:
+        """Whether no parameter of ``model`` has been trained in this run (an EMA teacher,
+        a target network); asked for passes without gradients, answered once per step."""
+        cached = self._untrained.get(id(model))
+        if cached is not None and cached[0] == step:
+            return cached[1]
+        answer = not any(self.is_trained(param) for param in model.parameters())
+        self._untrained[id(model)] = (step, answer)
+        return answer
 
     # -- loaded parameters -----------------------------------------------------------------
     def loaded(self, params: Iterable[torch.Tensor]) -> None:

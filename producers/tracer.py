@@ -143,11 +143,11 @@ class Tracer(StepBoundaries, ForwardHooks, StageSwitching, WorkerReports):
                 autocast = str(torch.get_autocast_dtype(device)).removeprefix("torch.")
                 break
         root = self._root_ref() if self._root_ref is not None else None
-        return {
-            "grad": torch.is_grad_enabled() or self._tls.checkpointed > 0,
-            "autocast": autocast,
-            "training": bool(root.training) if root is not None else None,
-        }
+        grad = torch.is_grad_enabled() or self._tls.checkpointed > 0
+        ctx = {"grad": grad, "autocast": autocast, "training": bool(root.training) if root is not None else None}
+        if not grad and root is not None and self.ownership.untrained(root, self.recorder.step):
+            ctx["untrained_model"] = True  # a teacher or target network: no optimizer trains it
+        return ctx
 
     def _record(self, event: dict[str, Any]) -> None:
         self.active = True

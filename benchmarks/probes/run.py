@@ -66,9 +66,6 @@ KNOWN_FALSE_ALARMS = {
     "sam_opt": "SAM clears gradients between its two backward passes: the clear after a backward with no "
                "step in between ends an iteration there (the skipped-step boundary), splitting each SAM "
                "iteration in two, so 'backward before step' breaks",
-    "mean_teacher": "the teacher keeps dropout on without gradients by design; nothing in the trace tells it from "
-                    "an evaluation that forgot model.eval() (both models are in training mode, no optimizer "
-                    "difference is consulted)",
 }
 
 

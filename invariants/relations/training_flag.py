@@ -82,7 +82,7 @@ class TrainingFlag(Template):
                     continue
                 stage = call.get("stage", "")
                 families_here = [("flag", api, call.get("mtype") or "", stage)]
-                if "dropout" in api and _grad_disabled(call):
+                if "dropout" in api and _grad_disabled(call) and not _in_untrained_model(call):
                     families_here.append(("no_grad", api))
                 for family in families_here:
                     if checking and family not in families:
@@ -199,6 +199,14 @@ def _monte_carlo_dropout(view: WindowView, rank: int, call: Mapping[str, Any]) -
         return False
     caller = next((c for c in view.calls_by_api(rank).get(MODULE_FORWARD, ()) if c.get("key") == parent), None)
     return caller is not None and caller.get("mtype") in DROPOUT_MODULES and _switched_on(caller)
+
+
+def _in_untrained_model(call: Mapping[str, Any]) -> bool:
+    """A pass without gradients through a model no optimizer trains (Mean Teacher's EMA
+    teacher, a target network) may keep dropout on by design; forgetting ``eval()``
+    before evaluating is about the model being trained."""
+    ctx = call.get("ctx")
+    return isinstance(ctx, dict) and ctx.get("untrained_model") is True
 
 
 def _switched_on(module_call: Mapping[str, Any]) -> bool:
