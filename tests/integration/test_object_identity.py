@@ -7,13 +7,11 @@ from __future__ import annotations
 import torch
 import torch.nn.parallel
 
-from invariants.engine import Engine
-from invariants.step_windows import StepWindows
 from invariants.events import make_batch
 from invariants.inference import Inferencer
-from invariants.invariant_set import InvariantSet
 from invariants.relations.identity import TORCH_NN_MODULES, keyed_on_user_class
 from invariants.window import FactPlan, WindowState
+from tests.support.relation_batches import check
 
 STEP, OPT_ZERO, MOD_ZERO, BACKWARD = ("torch.optim.Optimizer.step", "torch.optim.Optimizer.zero_grad",
                                       "torch.nn.Module.zero_grad", "torch.Tensor.backward")
@@ -43,15 +41,6 @@ def learn(relations: list[str], *traces) -> list:
     for trace in traces:
         inferencer.add_trace(trace)
     return inferencer.finish()
-
-
-def check(invariants, batches) -> list:
-    windows = StepWindows(Engine(InvariantSet(invariants)))
-    found = []
-    for batch in batches:
-        found.extend(windows.feed(batch))
-    found.extend(windows.finish())
-    return found
 
 
 def two_optimizer_loop(steps: int, *, skip_second_zero_grad_at: int = -1, ids: bool = True, run: str = "gan"):

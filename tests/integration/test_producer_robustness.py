@@ -17,27 +17,21 @@ def test_close_removes_every_hook_and_wrapper(tmp_path):
     from torch.nn.modules import module as module_mod
     from torch.optim import optimizer as optimizer_mod
 
-    before = {
-        "zero_grad": torch.optim.Optimizer.__dict__["zero_grad"],
-        "train": nn.Module.train,
-        "backward": torch.Tensor.backward,
-        "dropout": torch.nn.functional.dropout,
-        "save": torch.save,
-        "pre_hooks": len(optimizer_mod._global_optimizer_pre_hooks),
-        "fwd_hooks": len(module_mod._global_forward_hooks),
-    }
+    def installed() -> dict:
+        return {
+            "zero_grad": torch.optim.Optimizer.__dict__["zero_grad"],
+            "train": nn.Module.train,
+            "backward": torch.Tensor.backward,
+            "dropout": torch.nn.functional.dropout,
+            "save": torch.save,
+            "pre_hooks": len(optimizer_mod._global_optimizer_pre_hooks),
+            "fwd_hooks": len(module_mod._global_forward_hooks),
+        }
+
+    before = installed()
     with producers.instrument(run_id="r-remove", trace_dir=tmp_path):
         assert torch.Tensor.backward is not before["backward"]
-    after = {
-        "zero_grad": torch.optim.Optimizer.__dict__["zero_grad"],
-        "train": nn.Module.train,
-        "backward": torch.Tensor.backward,
-        "dropout": torch.nn.functional.dropout,
-        "save": torch.save,
-        "pre_hooks": len(optimizer_mod._global_optimizer_pre_hooks),
-        "fwd_hooks": len(module_mod._global_forward_hooks),
-    }
-    assert after == before
+    assert installed() == before
     assert list(tmp_path.iterdir()) == [], "a session that saw no training writes nothing"
 
 
