@@ -99,15 +99,9 @@ def _framework_job(program: FrameworkProgram, python: str) -> Job:
 
 
 def collect_and_check(job: Job, work: Path) -> tuple[harness.CollectResult, harness.CheckResult, TraceFacts]:
-    """Collect and check one program.  A multi-process run that fails is collected once
-    more: on a starved machine gloo's teardown can abort a rank after training ended
-    (``terminate called without an active exception``).  The failed attempt's output is
-    kept beside the trace (``<id>.failed.log``); a program that fails twice fails."""
+    """Collect and check one program (`harness.collect` runs a gloo teardown abort again)."""
     trace_dir = work / job.suite / job.id
     collected = harness.collect(job.command, trace_dir, run_id=job.id.replace(".", "-"), timeout_s=job.timeout_s)
-    if collected.returncode != 0 and "torch.distributed.run" in job.command:
-        (work / job.suite / f"{job.id}.failed.log").write_text(collected.output_tail, encoding="utf-8")
-        collected = harness.collect(job.command, trace_dir, run_id=job.id.replace(".", "-"), timeout_s=job.timeout_s)
     if not any(trace_dir.glob("*.twtrace")):
         return collected, harness.CheckResult(-1, error=f"no trace: {collected.output_tail[-300:]}"), TraceFacts()
     checked = harness.check(trace_dir, work / job.suite / f"{job.id}.report.json")

@@ -103,13 +103,8 @@ def check(trace_dir: Path, report_path: Path, invariants: Path | None = None, ti
 
 
 def collect_with_traces(command: list[str], trace_dir: Path, run_id: str) -> CollectResult:
-    """A run that leaves no trace would be scored as a clean twin or a missed bug: retry it
-    once, then stop the benchmark with the collector's output."""
-    result = collect(command, trace_dir, run_id)
-    if result.returncode == 0 and any(trace_dir.glob("*.twtrace")):
-        return result
-    print(f"warning: {run_id} left no trace (exit {result.returncode}); collecting again:\n{result.output_tail}",
-          file=sys.stderr, flush=True)
+    """A run that leaves no trace would be scored as a clean twin or a missed bug: stop the
+    benchmark with the collector's output (`collect` already ran a gloo teardown abort again)."""
     result = collect(command, trace_dir, run_id)
     if result.returncode != 0 or not any(trace_dir.glob("*.twtrace")):
         raise RuntimeError(f"{run_id}: no trace in {trace_dir} (exit {result.returncode}):\n{result.output_tail}")
