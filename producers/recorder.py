@@ -24,6 +24,7 @@ from typing import Any, Protocol, Sequence
 from invariants.codec import encode_batch
 from invariants.events import Batch, Event, make_batch
 
+from .signals import TerminationGate
 from .sinks import Sink
 
 
@@ -58,6 +59,7 @@ class StepRecorder:
         sinks: Sequence[Sink],
         *,
         max_events_per_batch: int = 4096,
+        gate: TerminationGate | None = None,
     ) -> None:
         self.run = run
         self.rank = rank
@@ -66,6 +68,8 @@ class StepRecorder:
         self.sinks = list(sinks)
         self.max_events = max_events_per_batch
         self.counters = RecorderCounters()
+        # Multi-statement updates run inside it, so SIGTERM's flush never re-enters them.
+        self.gate = gate if gate is not None else TerminationGate()
         self._seq = 0
         self._buffer: list[Event] = []
         self._flushed_in_step = 0  # events of the open step already shipped early
@@ -87,9 +91,10 @@ class StepRecorder:
         with self._lock:
             self._buffer.append(event)
             if len(self._buffer) >= self.max_events:
-                self._flushed_in_step += len(self._buffer)
-                self._flush(self._buffer)
-                self._buffer = []
+                with self.gate:
+                    self._flushed_in_step += len(self._buffer)
+                    self._flush(self._buffer)
+                    self._buffer = []
 
     def extend(self, events: Sequence[Event]) -> None:
         with self._lock:
@@ -127,7 +132,7 @@ class StepRecorder:
         ``at`` lets the session end a step retroactively (a multi-optimizer cycle is
         only recognised when the first optimizer steps again).
         """
-        with self._lock:
+        with self.gate, self._lock:
             at = len(self._buffer) if at is None else min(max(at - self._flushed_in_step, 0), len(self._buffer))
             carried = self._buffer[at:]
             events = self._buffer[:at]
@@ -141,7 +146,7 @@ class StepRecorder:
 
     def flush_partial(self) -> None:
         """Ship what is buffered without ending the step (e.g. before a fork)."""
-        with self._lock:
+        with self.gate, self._lock:
             if self._buffer:
                 self._flushed_in_step += len(self._buffer)
                 self._flush(self._buffer)
@@ -192,20 +197,22 @@ class StepRecorder:
     def wait_delivered(self, timeout_s: float) -> bool:
         """Block (at most ``timeout_s``) until the sinks delivered what was flushed."""
         deadline = time.monotonic() + timeout_s
-        with self._lock:
+        with self.gate, self._lock:
             self._release(force_before=_ALL)
         return all([sink.wait_delivered(max(deadline - time.monotonic(), 0.0)) for sink in self.sinks])
 
     def close_sinks(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
-        with self._lock:
-            self._release(force_before=_ALL)
-        for sink in self.sinks:
-            sink.close(max(deadline - time.monotonic(), 0.0))
+        with self.gate:
+            with self._lock:
+                self._release(force_before=_ALL)
+            for sink in self.sinks:
+                sink.close(max(deadline - time.monotonic(), 0.0))
 
     def reset_after_fork(self) -> None:
         """A forked child starts with an empty buffer and its own sequence numbers."""
         self._lock = threading.RLock()
+        self.gate.reset_after_fork()
         self._buffer = []
         self._flushed_in_step = 0
         self._seq = 0

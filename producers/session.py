@@ -88,7 +88,7 @@ class Session:
         if close_at_exit:
             runtime.register_exit(self.close)
             # torchrun/Kubernetes stop workers with SIGTERM, which skips atexit.
-            self._term_handle = flush_on_sigterm(self.close)
+            self._term_handle = flush_on_sigterm(self.close, self.recorder.gate)
 
     # -- public API -----------------------------------------------------------------
     @property
@@ -115,6 +115,10 @@ class Session:
 
     def close(self) -> None:
         """Remove hooks, end the open step, deliver within the flush timeout, report."""
+        with self.recorder.gate:  # a SIGTERM meanwhile chains on once the close is done
+            self._close()
+
+    def _close(self) -> None:
         with self._close_lock:
             if self._closed:
                 return

@@ -14,6 +14,13 @@ timeout) and then does whatever would have happened without it:
 A handler the program installs *after* instrumentation started simply replaces this
 one (the program's choice wins; the trace then ends at the last flushed step).
 Handlers can only be installed from the main thread; elsewhere this is a no-op.
+
+Python runs a signal handler in the main thread between two bytecodes of whatever it
+was doing.  When that was trainwatch itself writing a batch (holding a sink's
+non-reentrant lock) or halfway through ending a step, flushing from inside the
+handler would deadlock on the lock or ship a step twice, so such code runs inside a
+`TerminationGate` region and the handler's work waits until the outermost region
+is left: microseconds to one batch write later.
 """
 
 from __future__ import annotations
@@ -22,6 +29,47 @@ import os
 import signal
 import threading
 from typing import Any, Callable
+
+
+class TerminationGate:
+    """Regions of the main thread that SIGTERM's flush must not interrupt.
+
+    Used as a context manager around the producer's multi-statement updates (ending a
+    step, writing batches, closing).  Other threads enter freely: the handler only
+    ever interrupts the main thread, and a lock another thread holds is released by
+    that thread.
+    """
+
+    def __init__(self) -> None:
+        self._main_thread = threading.main_thread().ident
+        self._depth = 0
+        self._deferred: Callable[[], None] | None = None
+
+    def __enter__(self) -> "TerminationGate":
+        if threading.get_ident() == self._main_thread:
+            self._depth += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if threading.get_ident() != self._main_thread or self._depth == 0:
+            return
+        self._depth -= 1
+        if self._depth == 0 and self._deferred is not None:
+            action, self._deferred = self._deferred, None
+            action()
+
+    def run_or_defer(self, action: Callable[[], None]) -> None:
+        """Run ``action`` now, or when the main thread leaves the region it is in."""
+        if self._depth:
+            self._deferred = action
+        else:
+            action()
+
+    def reset_after_fork(self) -> None:
+        """In a forked child the forking thread is the only one, outside any region."""
+        self._main_thread = threading.get_ident()
+        self._depth = 0
+        self._deferred = None
 
 
 class TermHandle:
@@ -42,8 +90,9 @@ class TermHandle:
             pass
 
 
-def flush_on_sigterm(flush: Callable[[], None]) -> TermHandle | None:
-    """Run ``flush`` on SIGTERM, then chain to the previous disposition; None if not installed."""
+def flush_on_sigterm(flush: Callable[[], None], gate: TerminationGate) -> TermHandle | None:
+    """Run ``flush`` on SIGTERM (outside ``gate``'s regions), then chain to the previous
+    disposition; None if not installed."""
     if threading.current_thread() is not threading.main_thread():
         return None
     previous = signal.getsignal(signal.SIGTERM)
@@ -51,6 +100,9 @@ def flush_on_sigterm(flush: Callable[[], None]) -> TermHandle | None:
         return None
 
     def on_sigterm(signum: int, frame: Any) -> None:
+        gate.run_or_defer(lambda: terminate(signum, frame))
+
+    def terminate(signum: int, frame: Any) -> None:
         try:
             flush()
         except Exception:  # the flush reports its own errors; termination must go on
