@@ -23,6 +23,7 @@ PARAMS: dict[str, dict[str, Any]] = {
     "APISequence": {"first": NAME, "then": NAME},
     "AllRanksReport": {},
     "InitSparesLearned": {"api": NAME},
+    "LossArguments": {"form": NAME, "api": NAME, "arg": NAME, "other": NAME},
     "Consistent": {"scope": NAME, "at": NAME, "attr": NAME, "a": NAME, "b": NAME},
     "EventContain": {"form": NAME, "api": NAME, "mtype": NAME, "attr": NAME, "effect": NAME, "child": NAME,
                      "args": dict},

@@ -10,13 +10,11 @@ tensor operation, so it is entered only for torch functions that cannot be wrapp
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
-from torch.overrides import TorchFunctionMode, resolve_name
 
 from invariants.events import (
     AUTOGRAD_BACKWARD,
@@ -35,12 +33,14 @@ from invariants.events import (
 )
 
 from .checkpoint_hooks import install_checkpoint_hooks
+from .function_mode import ModeHandle, RecordingMode, mode_target, safe_resolve
 from .identity_hooks import install_identity_hooks
 from .script_hooks import patch_jit_script
 from .worker_hooks import patch_worker_loop, patch_worker_start
 from .patching import PatchHandle, patch_attribute
-from .selection import COLLECTIVES, DROPOUT_FUNCTIONS, INIT_FUNCTIONS, Selection
-from .tracer import Tracer
+from .probabilities import install_probability_marks
+from .selection import COLLECTIVES, DROPOUT_FUNCTIONS, INIT_FUNCTIONS, LOSS_FUNCTIONS, Selection
+from .tracer import Tracer, is_compiling
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,7 @@ WRAP_SPECS: tuple[WrapSpec, ...] = (
     WrapSpec("torch.manual_seed", (("torch", "manual_seed"), ("torch.random", "manual_seed")), group="seed"),
     *(WrapSpec(api, (("torch.nn.functional", api.rsplit(".", 1)[1]),), group="dropout") for api in DROPOUT_FUNCTIONS),
     *(WrapSpec(api, (("torch.nn.init", api.rsplit(".", 1)[1]),), group="init") for api in INIT_FUNCTIONS),
+    *(WrapSpec(api, (("torch.nn.functional", api.rsplit(".", 1)[1]),), group="loss") for api in LOSS_FUNCTIONS),
     *(
         WrapSpec(
             api,
@@ -90,20 +91,6 @@ WRAP_SPECS: tuple[WrapSpec, ...] = (
 WRAPPED_APIS = frozenset(spec.api for spec in WRAP_SPECS)
 HOOKED_APIS = frozenset({OPTIMIZER_STEP, MODULE_FORWARD, WORKER_INIT_API, PARAM_OVERWRITE})
 INIT_PROCESS_GROUP = "torch.distributed.init_process_group"
-
-
-def resolve_object(path: str) -> Any:
-    """Import ``a.b.C`` as the longest importable module prefix plus attributes."""
-    parts = path.split(".")
-    for split in range(len(parts), 0, -1):
-        try:
-            target: Any = importlib.import_module(".".join(parts[:split]))
-        except ImportError:
-            continue
-        for attr in parts[split:]:
-            target = getattr(target, attr)
-        return target
-    raise ImportError(path)
 
 
 def _signature(function: Callable[..., Any]) -> tuple[list[str], dict[str, bool]]:
@@ -225,62 +212,6 @@ def _autocast_args(context: Any) -> dict[str, Any]:
     }
 
 
-class _RecordingMode(TorchFunctionMode):
-    """Records torch function calls; everything not selected returns after one set lookup."""
-
-    def __init__(self, tracer: Tracer, selected: frozenset[Any] | None, wrapped: frozenset[Any]) -> None:
-        super().__init__()
-        self._tracer = tracer
-        self._selected = selected  # None = every torch function (--full)
-        self._skip = wrapped  # recorded by their wrappers already
-        self._names: dict[Any, str] = {}
-
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        tracer = self._tracer
-        if (
-            (self._selected is not None and func not in self._selected)
-            or not tracer.enabled
-            or tracer.busy
-            or func in self._skip
-        ):
-            return func(*args, **kwargs)
-        name = self._names.get(func)
-        if name is None:
-            name = resolve_name(func) or f"{getattr(func, '__module__', 'torch')}.{getattr(func, '__qualname__', repr(func))}"
-            self._names[func] = name
-        call_args = {str(i): value for i, value in enumerate(args[:4])}
-        call_args.update({k: v for k, v in kwargs.items() if not isinstance(v, (list, tuple))})
-        token = tracer.begin_call(name, name, call_args)
-        try:
-            result = func(*args, **kwargs)
-        except BaseException as exc:
-            tracer.end_call(token, exc=exc)
-            raise
-        tracer.end_call(token, result)
-        return result
-
-
-def _safe_resolve(path: str) -> Any:
-    try:
-        return resolve_object(path)
-    except (ImportError, AttributeError):
-        return None
-
-
-class _ModeHandle:
-    def __init__(self, mode: TorchFunctionMode) -> None:
-        self._mode: TorchFunctionMode | None = mode
-
-    def remove(self) -> None:
-        mode, self._mode = self._mode, None
-        if mode is not None:
-            try:
-                mode.__exit__(None, None, None)
-            except Exception:  # user code left modes unbalanced: nothing left to undo
-                pass
-
-
 def install(tracer: Tracer, selection: Selection, on_rank_change: Callable[[], None]) -> list[Any]:
     """Install every interception point the selection needs; return their handles."""
     from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
@@ -300,22 +231,24 @@ def install(tracer: Tracer, selection: Selection, on_rank_change: Callable[[], N
         if spec.api.startswith("torch.distributed.") and not torch.distributed.is_available():
             continue
         for owner_path, attr in spec.targets:
-            owner = _safe_resolve(owner_path)
+            owner = safe_resolve(owner_path)
             if owner is None or not hasattr(owner, attr):
                 continue
             handles.append(patch_attribute(owner, attr, _make_call_wrapper(tracer, spec, on_post, record=wanted)))
     handles.extend(install_identity_hooks(tracer, record_writes=selection.wants(PARAM_OVERWRITE),
                                           record_clears=selection.wants(GRAD_CLEAR_API)))
     handles += [*install_checkpoint_hooks(tracer), patch_worker_loop(tracer), patch_worker_start(tracer)]
+    if any(selection.wants(api) for api in LOSS_FUNCTIONS):
+        handles += install_probability_marks(is_compiling)
     handles.append(patch_jit_script(list(handles)))
     mode_targets = _mode_targets(selection)
     if selection.full or mode_targets:
         wrapped = frozenset(
             fn for h in handles if isinstance(h, PatchHandle) for fn in (h.original, h.replacement)
         )
-        mode = _RecordingMode(tracer, None if selection.full else frozenset(mode_targets), wrapped)
+        mode = RecordingMode(tracer, None if selection.full else frozenset(mode_targets), wrapped)
         mode.__enter__()
-        handles.append(_ModeHandle(mode))
+        handles.append(ModeHandle(mode))
     return handles
 
 
@@ -332,17 +265,6 @@ def _mode_targets(selection: Selection) -> list[Any]:
         if target is not None:
             targets.append(target)
     return targets
-
-
-def mode_target(api: str) -> Any:
-    """The torch function a ``TorchFunctionMode`` records as ``api``, or None."""
-    if not api.startswith("torch.") or "." not in api:
-        return None
-    owner = _safe_resolve(api.rsplit(".", 1)[0])
-    if isinstance(owner, type) and owner is not torch.Tensor:
-        return None
-    target = _safe_resolve(api)
-    return target if callable(target) and not isinstance(target, type) else None
 
 
 def recordable(api: str) -> bool:

@@ -50,6 +50,14 @@ INIT_FUNCTIONS = tuple(
         "orthogonal_", "sparse_",
     )
 )
+#: loss functions (nn.*Loss modules call these): what they are given is checked
+LOSS_FUNCTIONS = tuple(
+    f"torch.nn.functional.{name}"
+    for name in (
+        "cross_entropy", "nll_loss", "binary_cross_entropy", "binary_cross_entropy_with_logits", "kl_div",
+        "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "ctc_loss", "multilabel_soft_margin_loss",
+    )
+)
 COLLECTIVES = tuple(
     f"torch.distributed.{name}"
     for name in (
@@ -77,6 +85,7 @@ DEFAULT_APIS: frozenset[str] = frozenset(
         PARAM_OVERWRITE,
         *DROPOUT_FUNCTIONS,
         *INIT_FUNCTIONS,
+        *LOSS_FUNCTIONS,
         *COLLECTIVES,
     }
 )

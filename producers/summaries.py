@@ -13,6 +13,8 @@ from typing import Any, Callable
 
 import torch
 
+from .probabilities import is_probabilities
+
 MAX_LIST = 8
 MAX_STR = 200
 MAX_DEPTH = 2
@@ -54,6 +56,8 @@ def summarize_tensor(tensor: torch.Tensor, name_of: NameLookup | None = None) ->
     }
     if type(tensor) is torch.nn.Parameter:
         summary["param"] = True
+    elif is_probabilities(tensor):
+        summary["probs"] = True  # a softmax's or sigmoid's output, e.g. reaching a loss
     if name_of is not None:
         name = name_of(tensor)
         if name is not None:

@@ -51,7 +51,7 @@ from .workers import WorkerReports
 SNAPSHOT_APIS = frozenset({OPTIMIZER_STEP, OPTIMIZER_ZERO_GRAD})
 
 
-def _is_compiling() -> bool:
+def is_compiling() -> bool:
     # Spelled exactly like this so that dynamo folds it to a constant while tracing.
     return torch.compiler.is_compiling()
 
@@ -177,7 +177,7 @@ class Tracer(StepBoundaries, ForwardHooks, StageSwitching, WorkerReports):
             print(f"trainwatch: {message}", file=sys.stderr)
 
     def skip_compiled(self) -> bool:
-        if _is_compiling():
+        if is_compiling():
             self.notice("compile", "inside torch.compile'd regions nothing is recorded (eager code is)")
             return True
         return False

@@ -18,9 +18,10 @@ a candidate ships only with evidence that it is a law of training code, not a ha
   ``training`` flag (``p = 0.5``, ``inplace = False`` are configuration);
 * **setup is free**: no "X is never called during setup", no initialiser argument
   agreeing across ranks call by call (rank 0 alone may build a checkpoint);
-* **harmless calls are no law**: no "gradients are never cleared in stage S";
-* **data is not a law**: a module input agreeing across data-parallel ranks is refused
-  (each rank pads its own batch);
+* **harmless calls are no law**: no "gradients are never cleared in stage S", no "a
+  loss is never computed in stage S" (a validation loss is good practice);
+* **data is not a law**: a module's or a loss's input agreeing across data-parallel
+  ranks is refused (each rank pads its own batch);
 * **validation**: it stays silent on a validation run of every reference and on the
   core's synthetic healthy runs (checked by the build script).
 
@@ -38,6 +39,7 @@ from typing import Any, Iterable, Mapping
 
 from invariants.relations import TEMPLATES
 from invariants.relations.identity import keyed_on_user_class
+from producers.selection import LOSS_FUNCTIONS
 
 MIN_PIPELINES = 3
 MIN_STYLES = 3
@@ -145,15 +147,18 @@ def is_collective_habit(invariant: Mapping[str, Any]) -> bool:
 
 
 CLEARING_APIS = frozenset({"torch.optim.Optimizer.zero_grad", "torch.nn.Module.zero_grad"})
+#: calls whose arguments are a batch of data (each data-parallel rank has its own)
+DATA_APIS = frozenset({"torch.nn.Module.forward", *LOSS_FUNCTIONS})
 INIT_PREFIX = "torch.nn.init."
 
 
 def is_harmless_absence(invariant: Mapping[str, Any]) -> bool:
     """"Gradients are never cleared in stage S": clearing is harmless anywhere, and a loop
     that clears at the top of each iteration does so right after the previous
-    iteration's evaluation, before ``model.train()``."""
+    iteration's evaluation, before ``model.train()``.  Likewise "a loss is never computed
+    in stage S": a validation loss is good practice, and its absence a habit."""
     params = invariant["params"]
-    return invariant["relation"] == "APIAbsent" and params.get("api") in CLEARING_APIS
+    return invariant["relation"] == "APIAbsent" and params.get("api") in CLEARING_APIS | set(LOSS_FUNCTIONS)
 
 
 def is_setup_call_agreement(invariant: Mapping[str, Any]) -> bool:
@@ -173,13 +178,13 @@ def is_setup_habit(invariant: Mapping[str, Any]) -> bool:
 
 
 def is_data_agreement(invariant: Mapping[str, Any]) -> bool:
-    """"A module's input is the same on every rank": the input is data, and data-parallel
+    """"A module's (or a loss's) input is the same on every rank": the input is data, and data-parallel
     ranks see different batches (dynamic padding to each batch's longest sequence, an
     uneven last batch), so its shape agreeing across ranks is the references' data, not a
     law of the program."""
     params = invariant["params"]
     return (invariant["relation"] == "APIArg" and params.get("form") == "ranks"
-            and params.get("api") == "torch.nn.Module.forward")
+            and params.get("api") in DATA_APIS)
 
 
 def constant_family(invariant: Mapping[str, Any]) -> str | None:
@@ -247,11 +252,11 @@ def evidence_reasons(invariant: Mapping[str, Any], support: Mapping[str, set[str
     if is_setup_habit(invariant):
         reasons.append("an API's absence from setup: setup may do anything")
     if is_harmless_absence(invariant):
-        reasons.append("clearing gradients never called in a stage: clearing is harmless anywhere")
+        reasons.append("clearing gradients or computing a loss never called in a stage: harmless anywhere")
     if is_setup_call_agreement(invariant):
         reasons.append("an initialiser's argument agreeing across ranks by call position: setup may differ by rank")
     if is_data_agreement(invariant):
-        reasons.append("a module input agreeing across ranks: data-parallel ranks see different data")
+        reasons.append("a module's or a loss's input agreeing across ranks: data-parallel ranks see different data")
     family = constant_family(invariant)
     if family is not None and len(pins.get(family, {})) > 1:
         values = ", ".join(f"{value} ({', '.join(sorted(refs))})" for value, refs in sorted(pins[family].items()))

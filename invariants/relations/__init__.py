@@ -10,6 +10,7 @@ from .view import WindowView
 from .consistent import Consistent
 from .contain import EventContain
 from .learned_writes import InitSparesLearned
+from .loss_args import LossArguments
 from .sequence import APISequence
 from .stable_variables import StableVariables
 from .stage_rules import AllRanksReport, APIAbsent
@@ -28,6 +29,7 @@ TEMPLATES: dict[str, Template] = {
         AllRanksReport(),
         TrainingFlag(),
         StableVariables(),
+        LossArguments(),
     )
 }
 
