@@ -62,6 +62,10 @@ class ForwardHooks:
             ctx = self._ctx()
             if self._parameter_free(module):
                 ctx["no_params"] = True
+            elif depth and ctx["grad"] and id(module) not in tls.root_paths and self.ownership.trains_none_of(module):
+                # run inside a model that does not register it (layers kept in a plain
+                # list), with trainable parameters no optimizer holds: never trained
+                ctx["unregistered"] = True
             if self._first_forwards.is_first(module):
                 tls.busy = True  # its torch work (spectral-norm check) is ours, not the user's
                 try:

@@ -100,6 +100,16 @@ class ParameterOwnership:
     def optimizer_known(self) -> bool:
         return bool(self._optimizers)
 
+    def trains_none_of(self, module: torch.nn.Module) -> bool:
+        """Whether ``module`` has parameters that take gradients and no optimizer of the
+        program holds any of them (only asked where that is unusual: a submodule its
+        model does not register).  False while no optimizer is known."""
+        held = [params for ref, params in self._optimizers.values() if ref() is not None]
+        if not held:
+            return False
+        trainable = [id(p) for p in module.parameters() if p.requires_grad]
+        return bool(trainable) and not any(pid in params for pid in trainable for params in held)
+
     # -- trained parameters ----------------------------------------------------------------
     def loop_trained(self, params: Iterable[torch.Tensor]) -> None:
         """A loop without an optimizer trained these (its parameters that take gradients)."""

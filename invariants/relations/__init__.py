@@ -11,6 +11,7 @@ from .consistent import Consistent
 from .contain import EventContain
 from .learned_writes import InitSparesLearned
 from .loss_args import LossArguments
+from .registration import ModuleRegistration
 from .sequence import APISequence
 from .stable_variables import StableVariables
 from .stage_rules import AllRanksReport, APIAbsent
@@ -30,6 +31,7 @@ TEMPLATES: dict[str, Template] = {
         TrainingFlag(),
         StableVariables(),
         LossArguments(),
+        ModuleRegistration(),
     )
 }
 
