@@ -6,8 +6,10 @@ when it is given probabilities: the classic double softmax, or a sigmoid left in
 front of ``BCEWithLogitsLoss``.  The tensor that reaches the loss keeps no trace of
 how it was made, so the outputs of the normalising functions are remembered as they
 return (by identity, held weakly), and the summary of a recorded call's tensor
-argument says ``probs: True`` when it is one of them.  Marking costs one dictionary
-insert per softmax or sigmoid; none of these calls is recorded as an event.  Inside
+argument says ``probs: True`` when it is one of them, unchanged since: an in-place
+edit (``probs.clamp_(min=eps).log_()`` before ``nll_loss``) moves the tensor's version
+counter and makes it something else.  Marking costs one dictionary insert per softmax
+or sigmoid; none of these calls is recorded as an event.  Inside
 ``torch.compile``'d regions nothing is marked (as nothing is recorded there).
 """
 
@@ -33,13 +35,14 @@ NORMALISERS: tuple[tuple[Any, str], ...] = (
     (torch.special, "expit"),
 )
 
-_marked: dict[int, "weakref.ref[torch.Tensor]"] = {}
+#: id -> (weak reference, version counter when made)
+_marked: dict[int, tuple["weakref.ref[torch.Tensor]", int]] = {}
 
 
 def is_probabilities(tensor: torch.Tensor) -> bool:
-    """Whether ``tensor`` is (still) the very output of a softmax or sigmoid."""
-    ref = _marked.get(id(tensor))
-    return ref is not None and ref() is tensor
+    """Whether ``tensor`` is the very output of a softmax or sigmoid, not edited in place since."""
+    mark = _marked.get(id(tensor))
+    return mark is not None and mark[0]() is tensor and tensor._version == mark[1]
 
 
 def _mark(tensor: Any) -> None:
@@ -47,8 +50,8 @@ def _mark(tensor: Any) -> None:
         return
     key = id(tensor)
     try:
-        _marked[key] = weakref.ref(tensor, lambda _dead, key=key: _marked.pop(key, None))
-    except TypeError:  # a tensor type without weak references: left unmarked
+        _marked[key] = (weakref.ref(tensor, lambda _dead, key=key: _marked.pop(key, None)), tensor._version)
+    except (TypeError, RuntimeError):  # no weak references or version counter (some subclasses): unmarked
         pass
 
 

@@ -30,10 +30,13 @@ def test_probabilities_reaching_a_loss_are_marked_whichever_way_they_were_made(t
         F.nll_loss(F.log_softmax(logits, dim=1), labels)  # log-probabilities are fine
         F.binary_cross_entropy_with_logits(torch.sigmoid(logits), torch.ones(4, 4))
         F.mse_loss(logits[:, :1], torch.zeros(4))  # broadcasts (4, 1) against (4,)
+        with torch.no_grad():  # probabilities edited in place into log-probabilities
+            F.nll_loss(logits.softmax(-1).clamp_(min=1e-8).log_(), labels)
     assert (F.softmax, torch.sigmoid, torch.Tensor.softmax) == originals
     calls = _loss_inputs(tmp_path)
     given = [(name, bool(args["input"].get("probs"))) for name, args in calls]
     assert given == [("cross_entropy", False), ("cross_entropy", True), ("cross_entropy", True),
-                     ("nll_loss", False), ("binary_cross_entropy_with_logits", True), ("mse_loss", False)]
-    assert calls[-1][1]["input"]["shape"] == [4, 1] and calls[-1][1]["target"]["shape"] == [4]
+                     ("nll_loss", False), ("binary_cross_entropy_with_logits", True), ("mse_loss", False),
+                     ("nll_loss", False)]
+    assert calls[5][1]["input"]["shape"] == [4, 1] and calls[5][1]["target"]["shape"] == [4]
 
