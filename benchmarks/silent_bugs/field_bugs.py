@@ -17,10 +17,9 @@ FIELD_BUGS: tuple[BugCase, ...] = (
     ),
     BugCase(
         "layers_in_python_list", "new adapter kept in a plain list; never registered, never trained",
-        "pytorch/pytorch-715", ("adapters", "Linear", "ModuleList"), "EventContain (modules in forward are registered)",
+        "pytorch/pytorch-715", ("adapters", "Linear", "ModuleList"),
+        "ModuleRegistration (layers run in a model's forward are registered or trained)",
         cause_class="submodule not registered",
-        gap="the producer snapshots only registered parameters; no rule relating the modules run inside a model's "
-            "forward to its registered submodules",
     ),
     BugCase(
         "functional_dropout_in_eval", "F.dropout without training=self.training; dropout on during validation",
@@ -69,15 +68,13 @@ FIELD_BUGS: tuple[BugCase, ...] = (
     ),
     BugCase(
         "double_softmax", "model outputs softmax probabilities into cross_entropy",
-        "ariecattan/SciCo-2", ("softmax", "cross_entropy"), "APIOutput (loss input is logits)",
+        "ariecattan/SciCo-2", ("softmax", "cross_entropy"), "LossArguments (loss input is not probabilities)",
         cause_class="loss input convention violated",
-        gap="neither softmax nor the loss functions are intercepted; no rule on what a classification loss receives",
     ),
     BugCase(
         "mse_broadcast_target", "target (N,) against prediction (N, 1); MSE broadcasts to (N, N)",
-        "pytorch/pytorch-16045", ("mse_loss", "target"), "APIArg (loss input and target shapes equal)",
+        "pytorch/pytorch-16045", ("mse_loss", "target"), "LossArguments (loss input and target shapes equal)",
         cause_class="loss target broadcast",
-        gap="loss functions are not intercepted; no rule that a regression loss's input and target have equal shapes",
     ),
     BugCase(
         "amp_clip_scaled_grads", "clip_grad_norm_ on GradScaler-scaled gradients (unscale_ dropped)",

@@ -21,7 +21,8 @@ a candidate ships only with evidence that it is a law of training code, not a ha
 * **harmless calls are no law**: no "gradients are never cleared in stage S", no "a
   loss is never computed in stage S" (a validation loss is good practice);
 * **data is not a law**: a module's or a loss's input agreeing across data-parallel
-  ranks is refused (each rank pads its own batch);
+  ranks is refused (each rank pads its own batch), and so is a loss's output dtype
+  tied to one of its arguments (float64 targets from numpy make a float64 loss);
 * **validation**: it stays silent on a validation run of every reference and on the
   core's synthetic healthy runs (checked by the build script).
 
@@ -187,6 +188,16 @@ def is_data_agreement(invariant: Mapping[str, Any]) -> bool:
             and params.get("api") in DATA_APIS)
 
 
+def is_loss_dtype_tie(invariant: Mapping[str, Any]) -> bool:
+    """"A loss's output has the dtype of its input (or target)": a loss promotes both
+    arguments, and float32 predictions against the float64 targets numpy gives are
+    healthy and make a float64 loss; which dtypes the references happened to use is
+    their data, not a law."""
+    params = invariant["params"]
+    return (invariant["relation"] == "APIOutput" and params.get("form") == "same_as_input"
+            and params.get("prop") == "dtype" and params.get("api") in LOSS_FUNCTIONS)
+
+
 def constant_family(invariant: Mapping[str, Any]) -> str | None:
     """For an invariant that pins a value, what it pins and under which precondition
     (the value left out); None for invariants that pin nothing."""
@@ -255,6 +266,8 @@ def evidence_reasons(invariant: Mapping[str, Any], support: Mapping[str, set[str
         reasons.append("clearing gradients or computing a loss never called in a stage: harmless anywhere")
     if is_setup_call_agreement(invariant):
         reasons.append("an initialiser's argument agreeing across ranks by call position: setup may differ by rank")
+    if is_loss_dtype_tie(invariant):
+        reasons.append("a loss's output dtype tied to one argument: losses promote both arguments")
     if is_data_agreement(invariant):
         reasons.append("a module's or a loss's input agreeing across ranks: data-parallel ranks see different data")
     family = constant_family(invariant)

@@ -31,6 +31,9 @@ EXPECTED_RELATION = {
     "validation_backward_leaks_grads": "APIAbsent",
     "functional_dropout_in_eval": "TrainingFlag",
     "eval_without_eval_mode": "TrainingFlag",
+    "layers_in_python_list": "ModuleRegistration",
+    "double_softmax": "LossArguments",
+    "mse_broadcast_target": "LossArguments",
 }
 
 
