@@ -55,7 +55,8 @@ PROBES: tuple[Probe, ...] = (
         "misc_loops", "dataparallel", "lm_flat", "gnn_graphcls", "unfreeze", "kfold", "opt_switch", "sam_opt",
         "hf_ner", "timm_style", "embedding_maxnorm", "dqn_hard", "ddp_spawn_nosync", "mc_dropout", "mean_teacher",
         "kd_hinton", "beta_vae", "multilabel_tags", "ctc_gru", "clip_infonce", "focal_dense", "compiled_forecast",
-        "seq2seq_pad")),
+        "seq2seq_pad", "ohem_hard", "wgan_gp_toggle", "ppo_continuous", "ddpm_foreach_ema", "lora_merge",
+        "ckpt_accum", "precise_bn", "nan_skip_warmup")),
     Probe("tp", HERE / "tp.py", ranks=2),
     Probe("accel_ddp", HERE / "accel_ddp.py", ranks=2),
     Probe("fsdp2", REPO / "examples" / "fsdp2_gloo.py", ranks=2, args=("--steps", "6")),
@@ -68,6 +69,10 @@ KNOWN_FALSE_ALARMS = {
     "sam_opt": "SAM clears gradients between its two backward passes: the clear after a backward with no "
                "step in between ends an iteration there (the skipped-step boundary), splitting each SAM "
                "iteration in two, so 'backward before step' breaks",
+    "ohem_hard": "online hard-example mining scores the batch without gradients with the trained model still in "
+                 "training mode (dropout on), as mmdetection's OHEMSampler does; 'dropout runs in evaluation mode "
+                 "whenever gradients are disabled' cannot tell that pass from an evaluation that forgot eval(): "
+                 "both are no-grad passes of the trained model between two optimizer steps",
 }
 
 
