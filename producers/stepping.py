@@ -17,6 +17,7 @@ the work had effect: gradients produced, then the update.
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
@@ -42,6 +43,20 @@ if TYPE_CHECKING:
     from .tracer import CallToken
 
 ZERO_GRAD_APIS = frozenset({OPTIMIZER_ZERO_GRAD, MODULE_ZERO_GRAD})
+
+
+def cleared_inside_optimizer_update() -> bool:
+    """Whether the code clearing gradients is a method of an optimizer other than its
+    ``zero_grad``: sharpness-aware minimisation's ``first_step`` perturbs the weights and
+    clears the gradients for a second backward pass of the same iteration.  A loop's own
+    clear, or a wrapper optimizer's ``zero_grad`` handing on to the one it wraps, is
+    called from elsewhere."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] == "producers":
+        frame = frame.f_back
+    if frame is None or frame.f_code.co_name == "zero_grad":
+        return False
+    return isinstance(frame.f_locals.get("self"), torch.optim.Optimizer)
 SETUP_APIS = frozenset({*INIT_FUNCTIONS, PARAM_OVERWRITE})
 REFRESH_EVERY_STEPS = 16
 
@@ -95,6 +110,8 @@ class StepBoundaries:
             return
         position = self.recorder.position
         if api in ZERO_GRAD_APIS:
+            if cleared_inside_optimizer_update():
+                return  # SAM's ascent step clears between its two backward passes: not the loop's clear
             decision = self.loop.loop_start(position, zero_grad=True, optimizer_known=self.ownership.optimizer_known)
         elif api in BACKWARD_APIS:
             decision = self.loop.backward(position)

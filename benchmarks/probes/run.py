@@ -66,9 +66,6 @@ PROBES: tuple[Probe, ...] = (
 
 #: probes still reported, and why (each a strict expected failure in the test)
 KNOWN_FALSE_ALARMS = {
-    "sam_opt": "SAM clears gradients between its two backward passes: the clear after a backward with no "
-               "step in between ends an iteration there (the skipped-step boundary), splitting each SAM "
-               "iteration in two, so 'backward before step' breaks",
     "ohem_hard": "online hard-example mining scores the batch without gradients with the trained model still in "
                  "training mode (dropout on), as mmdetection's OHEMSampler does; 'dropout runs in evaluation mode "
                  "whenever gradients are disabled' cannot tell that pass from an evaluation that forgot eval(): "
