@@ -48,6 +48,8 @@ def note_step_end(facts: RankFacts, event: Any) -> None:
         facts.setup = True
     if event.trained.__class__ is bool:
         facts.trained = event.trained
+    if event.unsampled is True:
+        facts.unsampled = True
 
 
 def note_meta(facts: RankFacts, event: Any) -> None:
@@ -59,6 +61,9 @@ def note_meta(facts: RankFacts, event: Any) -> None:
         dropped = _count(event.dropped_batches)
         if dropped:  # cumulative per process: the newest is the largest
             facts.dropped_batches = max(facts.dropped_batches, dropped)
+        budget, share = event.overhead_budget, event.overhead_share
+        if budget.__class__ is float and share.__class__ in (float, int):
+            facts.overhead = [budget, float(share)]
     elif what == RUN_START_META and isinstance(event.config, dict):
         every = _count(event.config.get("sample_every"))
         if every and every > 1:
@@ -77,6 +82,8 @@ class RankWindow:
     reported: tuple[int | None, int | None] | None = None
     dropped_batches: int = 0
     sample_every: int = 1
+    unsampled: bool = False
+    overhead: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -119,6 +126,8 @@ def window_coverage(window: WindowState) -> WindowCoverage:
             reported=(reported[0], reported[1]) if reported else None,
             dropped_batches=facts.dropped_batches,
             sample_every=facts.sample_every,
+            unsampled=facts.unsampled,
+            overhead=(facts.overhead[0], facts.overhead[1]) if facts.overhead else None,
         ))
     ended = {r.rank for r in checked}
     missing = max(0, window.world - len(ended))
@@ -154,6 +163,8 @@ class RunCoverage:
     unchecked_windows: dict[str, int] = field(default_factory=dict)  # reason -> rank-windows
     lost_batches: dict[str, int] = field(default_factory=dict)  # reason -> batches
     sample_every: int = 1
+    #: (budget, largest share a rank measured) of producers under an overhead budget
+    overhead: tuple[float, float] | None = None
 
     def rank(self, rank: int) -> RankCoverage:
         found = self.ranks.get(rank)
@@ -165,13 +176,16 @@ class RunCoverage:
         self.world = max(self.world, window.world)
         for part in window.checked:
             self.sample_every = max(self.sample_every, part.sample_every)
+            if part.overhead is not None:
+                share = max(part.overhead[1], self.overhead[1]) if self.overhead else part.overhead[1]
+                self.overhead = (part.overhead[0], share)
         for part in window.checked:
             rc = self.rank(part.rank)
             rc.optimizer_steps += part.optimizer_steps
             rc.dropped_batches = max(rc.dropped_batches, part.dropped_batches)
             if part.iteration:
                 rc.iterations += 1
-                if window.step % self.sample_every:
+                if part.unsampled or window.step % self.sample_every:
                     rc.unsnapshotted += 1
             rc.setup_checked = rc.setup_checked or part.setup
             if not part.iteration and not part.setup:
@@ -220,6 +234,8 @@ class RunCoverage:
             "lost_batches": dict(sorted(self.lost_batches.items())),
             "producer_dropped_batches": sum(r.dropped_batches for r in self.ranks.values()),
             "sample_every": self.sample_every,
+            "overhead_budget": self.overhead[0] if self.overhead else None,
+            "overhead_share": self.overhead[1] if self.overhead else None,
             "ranks": [
                 {"rank": rank, "iterations": r.iterations, "setup_checked": r.setup_checked,
                  "other_windows": r.other_windows, "optimizer_steps": r.optimizer_steps,

@@ -67,8 +67,11 @@ def describe_run(run: RunCoverage) -> str:
         parts.append(f"producers report {_plural(dropped, 'dropped batch', 'dropped batches')}")
     unsnapshotted = sum(r.unsnapshotted for r in run.ranks.values())
     if unsnapshotted:
-        parts.append(f"{_plural(unsnapshotted, 'iteration')} without parameter snapshots "
-                     f"(sampled every {run.sample_every} steps)")
+        if run.overhead is not None:
+            how = f"overhead budget {run.overhead[0]:.1%}, producer share measured {run.overhead[1]:.1%}"
+        else:
+            how = f"sampled every {run.sample_every} steps"
+        parts.append(f"{_plural(unsnapshotted, 'iteration')} without parameter snapshots ({how})")
     beyond = run.reported_not_checked()
     if beyond:
         parts.append(f"{beyond} more reported by the producer but not checked")

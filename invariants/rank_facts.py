@@ -48,11 +48,15 @@ class RankFacts(msgspec.Struct):
     #: what the step end says of the run model (`coverage.note_step_end`)
     setup: bool = False
     trained: bool | None = None
+    #: the producer sampled parameter snapshots out of this window
+    unsampled: bool = False
     #: the producer's own account (`coverage.note_meta`): run_end's
     #: [iterations, optimizer steps], batches it dropped, its snapshot sampling
     run_end: list[int | None] | None = None
     dropped_batches: int = 0
     sample_every: int = 1
+    #: [budget, measured share] of a producer working under an overhead budget
+    overhead: list[float] | None = None
 
     def to_map(self) -> dict[str, Any]:
         """The stored form (see the module docstring)."""
@@ -73,4 +77,5 @@ class RankFacts(msgspec.Struct):
 _FIELDS = frozenset(RankFacts.__struct_fields__)
 #: (field, default) of the facts stored only when reported
 _OPTIONAL = (("worker_pids", []), ("workers_expected", 0), ("optimizer_steps", 0), ("setup", False),
-             ("trained", None), ("run_end", None), ("dropped_batches", 0), ("sample_every", 1))
+             ("trained", None), ("unsampled", False), ("run_end", None), ("dropped_batches", 0), ("sample_every", 1),
+             ("overhead", None))

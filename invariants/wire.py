@@ -98,6 +98,8 @@ class StepEvent(_Envelope, tag="step"):
     setup: Any = None
     trained: Any = None
     boundary: Any = None
+    #: the producer took no parameter snapshots in this window (sampling)
+    unsampled: Any = None
 
 
 class MetaEvent(_Envelope, tag="meta"):
@@ -113,6 +115,9 @@ class MetaEvent(_Envelope, tag="meta"):
     optimizer_steps: Any = None
     #: ``run_start``: recording settings (``sample_every``)
     config: Any = None
+    #: ``producer_stats`` under an overhead budget: the budget and the share measured
+    overhead_budget: Any = None
+    overhead_share: Any = None
 
     def stats(self) -> dict[str, Any]:
         """The producer counters of a ``producer_stats`` event, as the metrics read them."""

@@ -26,8 +26,9 @@ def instrument(*args: Any, **kwargs: Any) -> Any:
     """Context manager: instrument the block and yield its `Session`.
 
     ``instrument(run_id=None, trace_dir=None, bootstrap=None, selection=None,
-    sample_every=1, quiet=False)``: with neither ``trace_dir`` nor ``bootstrap`` the trace goes to
-    ``./traces/<run_id>``.  ``selection`` is None (curated default), a path (``-i``
+    sample_every=1, quiet=False, overhead_budget=None)``: with neither ``trace_dir`` nor
+    ``bootstrap`` the trace goes to ``./traces/<run_id>``.  ``overhead_budget=0.05`` thins
+    parameter snapshots to keep the producer within 5 % of each step (`producers.sampling`).  ``selection`` is None (curated default), a path (``-i``
     file) or an iterable of API names.
     """
     from .session import instrument as _instrument

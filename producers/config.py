@@ -24,6 +24,7 @@ ENV_TRACE_DIR = "TRAINWATCH_TRACE_DIR"
 ENV_BOOTSTRAP = "TRAINWATCH_BOOTSTRAP"
 ENV_INVARIANTS = "TRAINWATCH_INVARIANTS"
 ENV_SAMPLE_EVERY = "TRAINWATCH_SAMPLE_EVERY"
+ENV_OVERHEAD_BUDGET = "TRAINWATCH_OVERHEAD_BUDGET"
 ENV_FULL = "TRAINWATCH_FULL"
 ENV_TOPIC_PREFIX = "TRAINWATCH_TOPIC_PREFIX"
 ENV_FLUSH_TIMEOUT = "TRAINWATCH_FLUSH_TIMEOUT"
@@ -39,6 +40,19 @@ def make_run_id(hint: str | None = None) -> str:
     return f"{stem}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(2)}"
 
 
+def parse_overhead_budget(text: str | None) -> float | None:
+    """A share of each step's wall time (``0.05`` = 5 %); None when unset."""
+    if text is None or not text.strip():
+        return None
+    try:
+        budget = float(text)
+    except ValueError:
+        raise ValueError(f"overhead budget {text!r} is not a number (a share of step time, e.g. 0.05)") from None
+    if not 0 < budget < 1:
+        raise ValueError(f"overhead budget {text!r} must be between 0 and 1 (0.05 = 5 % of each step)")
+    return budget
+
+
 def _truthy(value: str | None) -> bool:
     return (value or "").strip().lower() in {"1", "true", "yes", "on"}
 
@@ -50,6 +64,8 @@ class ProducerConfig:
     bootstrap: str | None = None
     selection: Selection = default_selection()
     sample_every: int = 1
+    #: share of step time the producer may take; it thins snapshots to stay within it
+    overhead_budget: float | None = None
     topic_prefix: str = DEFAULT_TOPIC_PREFIX
     flush_timeout_s: float = 5.0
     stats_dir: str | None = None
@@ -78,6 +94,7 @@ class ProducerConfig:
             bootstrap=environ.get(ENV_BOOTSTRAP) or None,
             selection=selection,
             sample_every=max(int(environ.get(ENV_SAMPLE_EVERY) or 1), 1),
+            overhead_budget=parse_overhead_budget(environ.get(ENV_OVERHEAD_BUDGET)),
             topic_prefix=environ.get(ENV_TOPIC_PREFIX) or DEFAULT_TOPIC_PREFIX,
             flush_timeout_s=float(environ.get(ENV_FLUSH_TIMEOUT) or 5.0),
             stats_dir=environ.get(ENV_STATS_DIR) or None,
@@ -95,6 +112,8 @@ class ProducerConfig:
             ENV_FLUSH_TIMEOUT: str(self.flush_timeout_s),
             ENV_QUEUE_MAX: str(self.queue_max),
         }
+        if self.overhead_budget is not None:
+            env[ENV_OVERHEAD_BUDGET] = repr(self.overhead_budget)
         if self.trace_dir:
             env[ENV_TRACE_DIR] = str(Path(self.trace_dir).resolve())
         if self.bootstrap:

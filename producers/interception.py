@@ -217,11 +217,15 @@ def install(tracer: Tracer, selection: Selection, on_rank_change: Callable[[], N
     from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+    clock = tracer.sampler.clock  # with an overhead budget: every hook's time is measured
+    timed = clock.timed if clock is not None else (lambda hook: hook)
+    if clock is not None:
+        tracer.begin_call, tracer.end_call = timed(tracer.begin_call), timed(tracer.end_call)
     handles: list[Any] = [
-        register_optimizer_step_pre_hook(tracer.optimizer_pre),
-        register_optimizer_step_post_hook(tracer.optimizer_post),
-        register_module_forward_pre_hook(tracer.forward_pre),
-        register_module_forward_hook(tracer.forward_post, with_kwargs=True, always_call=True),
+        register_optimizer_step_pre_hook(timed(tracer.optimizer_pre)),
+        register_optimizer_step_post_hook(timed(tracer.optimizer_post)),
+        register_module_forward_pre_hook(timed(tracer.forward_pre)),
+        register_module_forward_hook(timed(tracer.forward_post), with_kwargs=True, always_call=True),
     ]
     for spec in WRAP_SPECS:
         wanted = selection.wants(spec.api)

@@ -15,6 +15,8 @@ from typing import Any
 from invariants.codec import TRACE_SUFFIX, FrameScan, TraceCorruption, decode_batch, iter_frames
 from invariants.events import SchemaError
 
+from .sampling import sampling_note
+
 
 @dataclass
 class ProcessReport:
@@ -86,7 +88,8 @@ def collect_report(run: str, stats_dir: Path, trace_dir: Path | None) -> RunRepo
             dropped_batches=int(lossy.get("dropped_batches", 0)),
             dropped_events=int(lossy.get("dropped_events", 0)),
             trace_file=data.get("trace_file"),
-            note="; ".join(n for n in (data.get("trace_error"), _errors(data)) if n),
+            note="; ".join(n for n in (data.get("trace_error"), _errors(data), sampling_note(data.get("sampling")))
+                           if n),
         )
         if data.get("role") == "worker":
             report.workers += 1

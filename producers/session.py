@@ -22,10 +22,11 @@ from invariants.events import RUN_START_META
 from trainwatch_version import version
 
 from . import runtime
-from .config import ProducerConfig
+from .config import ProducerConfig, parse_overhead_budget
 from .interception import install
 from .recorder import StepRecorder
 from .redaction import recorded_argv
+from .sampling import sampling_note
 from .signals import TermHandle, flush_on_sigterm
 from .sinks import FileSink, KafkaSink, Sink, kafka_settings_from_env
 from .tracer import Tracer
@@ -75,6 +76,7 @@ class Session:
             self.recorder,
             config.selection,
             sample_every=config.sample_every,
+            overhead_budget=config.overhead_budget,
             stats_source=self.delivery_stats,
         )
         self.tracer.record_meta(RUN_START_META, **self._run_metadata())
@@ -181,6 +183,7 @@ class Session:
             "local_rank": os.environ.get("LOCAL_RANK"),
             "config": {
                 "sample_every": self.config.sample_every,
+                "overhead_budget": self.config.overhead_budget,
                 "selection": self.config.selection.source,
                 "full": self.config.selection.full,
                 "sinks": [sink.name for sink in self.sinks],
@@ -203,6 +206,7 @@ class Session:
             "trace_error": self.file_sink.error if self.file_sink else None,
             "sinks": {sink.name: sink.stats().as_dict() for sink in self.sinks},
             "kafka_error": kafka.last_error if kafka is not None else None,
+            "sampling": self.tracer.sampler.report(),
         }
 
     def _write_stats(self, role: str = "trainer") -> None:
@@ -233,6 +237,9 @@ class Session:
             )
         if s["internal_errors"]:
             parts.append(f"{s['internal_errors']} internal errors")
+        sampling = sampling_note(s["sampling"])
+        if sampling:
+            parts.append(sampling)
         return "; ".join(parts)
 
 
@@ -244,6 +251,7 @@ def instrument(
     selection: Any = None,
     sample_every: int = 1,
     quiet: bool = False,
+    overhead_budget: float | None = None,
 ) -> Iterator[Session]:
     """Instrument the training code in the ``with`` block; see `producers` for details."""
     from .config import make_run_id
@@ -267,6 +275,7 @@ def instrument(
         bootstrap=bootstrap,
         selection=chosen,
         sample_every=sample_every,
+        overhead_budget=parse_overhead_budget(None if overhead_budget is None else str(overhead_budget)),
         quiet=quiet,
     ).with_defaults()
     session = Session(config)

@@ -277,8 +277,11 @@ class StepBoundaries:
         if self._stats_source is not None and (
             final or (self.recorder.step + 1) % self.stats_every_steps == 0
         ):
-            before_end.append(self._event("meta", what=PRODUCER_STATS_META, **self._stats_source()))
+            before_end.append(self._event("meta", what=PRODUCER_STATS_META, **self._stats_source(),
+                                          **self.sampler.report()))
         fields: dict[str, Any] = {"phase": "end"}
+        if self._snapshots and not setup and not self.sampled:
+            fields["unsampled"] = True  # no parameter snapshots in this window, by sampling
         if setup:
             fields["setup"] = True
         if trained:
@@ -288,7 +291,9 @@ class StepBoundaries:
             fields["final"] = True
         end = self._event("step", **fields)
         begin = None if final else self._event("step", phase="begin")
+        ended = self.recorder.step
         self.recorder.end_step(end, at=cut_at, before_end=before_end, next_begin=begin)
+        self.sampler.step_ended(ended)
         self.cycle.step_ended()
         self._pending_end_states = []
         self._tail_start = None

@@ -39,9 +39,9 @@ from .module_facts import FirstForwards, ParameterFree
 from .param_snapshots import SnapshotMemo, snapshot_attrs
 from .params import ParameterRegistry
 from .recorder import StepRecorder
-from .ownership import ParameterOwnership
+from .sampling import SnapshotSampler
+from .ownership import ParameterOwnership, deliberate_reset
 from .selection import Selection
-from .ownership import deliberate_reset
 from .stages import StageSwitching
 from .forward_hooks import ForwardHooks
 from .stepping import StepBoundaries
@@ -93,12 +93,13 @@ class Tracer(StepBoundaries, ForwardHooks, StageSwitching, WorkerReports):
         selection: Selection,
         *,
         sample_every: int = 1,
+        overhead_budget: float | None = None,
         stats_every_steps: int = 50,
         stats_source: Callable[[], dict[str, int]] | None = None,
     ) -> None:
         self.recorder = recorder
         self.selection = selection
-        self.sample_every = max(int(sample_every), 1)
+        self.sampler = SnapshotSampler(sample_every, overhead_budget)
         self.stats_every_steps = max(int(stats_every_steps), 1)
         self._stats_source = stats_source
         self.registry = ParameterRegistry()
@@ -155,7 +156,7 @@ class Tracer(StepBoundaries, ForwardHooks, StageSwitching, WorkerReports):
 
     @property
     def sampled(self) -> bool:
-        return self.recorder.step % self.sample_every == 0
+        return self.sampler.wants(self.recorder.step)
 
     def internal_error(self, where: str, exc: BaseException) -> None:
         """Count an instrumentation bug and say so once per place; never re-raise."""
@@ -165,11 +166,8 @@ class Tracer(StepBoundaries, ForwardHooks, StageSwitching, WorkerReports):
         self._reported.add(where)
         frame = traceback.extract_tb(exc.__traceback__)[-1:] if exc.__traceback__ else []
         location = f" at {frame[0].filename}:{frame[0].lineno}" if frame else ""
-        print(
-            f"trainwatch: internal error in {where}: {type(exc).__name__}: {exc}{location} "
-            "(training continues; further errors are counted)",
-            file=sys.stderr,
-        )
+        print(f"trainwatch: internal error in {where}: {type(exc).__name__}: {exc}{location} "
+              "(training continues; further errors are counted)", file=sys.stderr)
 
     def notice(self, key: str, message: str) -> None:
         if key not in self._reported:
@@ -309,10 +307,12 @@ class Tracer(StepBoundaries, ForwardHooks, StageSwitching, WorkerReports):
     # -- snapshots ------------------------------------------------------------------
     def _take(self, entries: list[Any], data: bool = True) -> list[tuple[Any, dict[str, Any]]]:
         self._tls.busy = True
+        started = time.perf_counter_ns()
         try:
             return snapshot_attrs(entries, data=data, memo=self._memo, defer=self.recorder.await_readback)
         finally:
             self._tls.busy = False
+            self.sampler.snapshot_taken(time.perf_counter_ns() - started)
 
     def _state_events(self, taken: list[tuple[Any, dict[str, Any]]], at: str, cid: int | None) -> list[dict[str, Any]]:
         # One snapshot is one instant: the header fields are read once, not per parameter.

@@ -1,7 +1,7 @@
 """`trainwatch collect`: run a training command unmodified, instrumenting every Python process.
 
     trainwatch collect [-o TRACE_DIR] [--bootstrap HOST:PORT] [--run-id ID]
-                       [-i INVARIANTS] [--sample-every N] [--full] -- CMD...
+                       [-i INVARIANTS] [--sample-every N] [--overhead-budget SHARE] [--full] -- CMD...
 
 Traces go to TRACE_DIR and/or events stream to Kafka; with neither ``-o`` nor
 ``--bootstrap`` traces go to ``./traces/<run-id>``.  A TRACE_DIR that already holds
@@ -47,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="instrument only what these invariants need (invariants JSON, or a text file of API names)",
     )
     parser.add_argument("--sample-every", type=int, default=1, metavar="N", help="snapshot parameters every N steps")
+    parser.add_argument("--overhead-budget", metavar="SHARE", default=None,
+                        help="keep the producer within this share of each step's time (e.g. 0.05) by taking "
+                             "parameter snapshots less often; the sampling is reported (default: every step)")
     parser.add_argument("--full", action="store_true", help="also record every torch function call (reference traces)")
     parser.add_argument("--topic-prefix", default=None, metavar="PREFIX", help="Kafka topic prefix (default: $TRAINWATCH_TOPIC_PREFIX, else trainwatch.)")
     parser.add_argument("--flush-timeout", type=float, default=5.0, metavar="SECONDS",
@@ -103,7 +106,7 @@ def _with_env_defaults(args: argparse.Namespace, environ: Mapping[str, str]) -> 
 
 
 def run(args: argparse.Namespace) -> int:
-    from producers.config import DEFAULT_TOPIC_PREFIX, ProducerConfig, make_run_id
+    from producers.config import DEFAULT_TOPIC_PREFIX, ProducerConfig, make_run_id, parse_overhead_budget
     from producers.launcher import LaunchError, check_trace_dir, run_instrumented
     from producers.report import collect_report, format_report
     from producers.selection import SelectionError, default_selection, load_selection
@@ -114,6 +117,10 @@ def run(args: argparse.Namespace) -> int:
         return _fail("no training command given (usage: trainwatch collect [options] -- CMD...)")
     if args.sample_every < 1:
         return _fail("--sample-every must be at least 1")
+    try:
+        overhead_budget = parse_overhead_budget(args.overhead_budget)
+    except ValueError as exc:
+        return _fail(f"--overhead-budget: {exc}")
     if args.bootstrap and not all(_HOST_PORT.match(s.strip()) for s in args.bootstrap.split(",")):
         return _fail(f"--bootstrap (or $TRAINWATCH_BOOTSTRAP) {args.bootstrap!r} is not HOST:PORT")
     try:
@@ -127,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
         bootstrap=args.bootstrap,
         selection=selection,
         sample_every=args.sample_every,
+        overhead_budget=overhead_budget,
         topic_prefix=args.topic_prefix or DEFAULT_TOPIC_PREFIX,
         flush_timeout_s=args.flush_timeout,
         quiet=True,  # collect prints one combined summary instead
