@@ -202,8 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     work: Path = args.work
     (work / "held-out").mkdir(parents=True, exist_ok=True)
 
-    if args.no_build:
-        build_default_set.collect_references(work, "inference", jobs=args.jobs, reuse=True, **build_default_set.INFERENCE)
+    if args.no_build:  # traces of an older producer in --work are only reused when asked
+        build_default_set.collect_references(work, "inference", jobs=args.jobs, reuse=args.reuse,
+                                             **build_default_set.INFERENCE)
     else:
         build_default_set.build(work, args.set_output or build_default_set.DEFAULT_OUTPUT, args.jobs, args.reuse)
     curation = json.loads((work / "curation.json").read_text()) if (work / "curation.json").exists() else {}
