@@ -178,3 +178,41 @@ def test_no_synchronising_cuda_call_in_the_steps_of_a_traced_loop(tmp_path):
     final = post[max(post)]
     for name, param in model.named_parameters():
         assert (final[name]["data_digest"], final[name]["data_norm"]) == _expected(param.detach()), name
+
+
+def _synchronising_calls(model: nn.Module, steps: int) -> list[str]:
+    """Messages of the synchronising CUDA calls a classification loop makes after its first step."""
+    import warnings
+
+    from torch.nn import functional as F
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(8, 4, device="cuda"), torch.randint(0, 3, (8,), device="cuda")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(steps):
+            torch.cuda.set_sync_debug_mode("warn" if step else 0)
+            optimizer.zero_grad()
+            logits = model(x)
+            loss = F.cross_entropy(logits, y) + F.mse_loss(torch.sigmoid(logits), torch.zeros_like(logits))
+            loss.backward()
+            optimizer.step()
+        torch.cuda.set_sync_debug_mode(0)
+    return [str(w.message) for w in caught if "called a synchronizing" in str(w.message)]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_recorded_losses_marked_probabilities_and_an_overhead_budget_add_no_synchronising_call(tmp_path):
+    def classifier() -> nn.Module:
+        return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)).cuda()
+
+    plain = _synchronising_calls(classifier(), steps=12)  # torch's own, if any
+    with producers.instrument(run_id="r-sync-loss", trace_dir=tmp_path, quiet=True, overhead_budget=0.05) as session:
+        traced = _synchronising_calls(classifier(), steps=12)
+        errors = session.tracer.internal_errors
+    assert traced == plain and errors == 0
+    (batches,) = read_trace_dir(tmp_path).values()
+    losses = [e for b in batches for e in b["events"]
+              if e["kind"] == "call" and e["phase"] == "pre" and e["api"].endswith(("cross_entropy", "mse_loss"))]
+    assert len(losses) == 24 and all(e["args"]["input"]["device"].startswith("cuda") for e in losses)
+    assert [bool(e["args"]["input"].get("probs")) for e in losses[:2]] == [False, True]
