@@ -9,8 +9,10 @@ median step times is reported per workload, plus the cost of a digest per MB.
     python benchmarks/overhead.py --rounds 8 --steps 25 --json out.json
 
 Variants: ``default`` (curated API set, snapshots every step), ``sample10``
-(snapshots every 10th step) and ``selective`` (``-i`` the shipped default
-invariants: only the APIs and snapshot points they read).
+(snapshots every 10th step), ``budget5`` (``overhead_budget=0.05``: the producer
+picks the snapshot period itself; each block is a new session, so its first 8 steps
+snapshot every step before the first adaptation) and ``selective`` (``-i`` the
+shipped default invariants: only the APIs and snapshot points they read).
 
 Ratios are of median CPU time of the training thread per step (robust on a shared
 machine); wall-clock ratios are printed next to them.  Step times include
@@ -137,7 +139,8 @@ def timed_block(step: Step, steps: int) -> list[tuple[float, float]]:
 
 def variants(invariants_file: Path | None) -> dict[str, dict[str, object]]:
     """Instrumentation settings compared against plain training."""
-    found: dict[str, dict[str, object]] = {"default": {}, "sample10": {"sample_every": 10}}
+    found: dict[str, dict[str, object]] = {"default": {}, "sample10": {"sample_every": 10},
+                                           "budget5": {"overhead_budget": 0.05}}
     if invariants_file is not None:
         found["selective"] = {"selection": invariants_file}
     return found
