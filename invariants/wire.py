@@ -121,7 +121,8 @@ class MetaEvent(_Envelope, tag="meta"):
 
     def stats(self) -> dict[str, Any]:
         """The producer counters of a ``producer_stats`` event, as the metrics read them."""
-        return {"dropped_events": self.dropped_events, "dropped_batches": self.dropped_batches}
+        return {"dropped_events": self.dropped_events, "dropped_batches": self.dropped_batches,
+                "overhead_share": self.overhead_share}
 
 
 WireEvent = Union[CallEvent, StateEvent, StepEvent, MetaEvent]

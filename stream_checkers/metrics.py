@@ -124,6 +124,11 @@ class CheckerMetrics:
             "trainwatch_producer_dropped_batches", "Batches producers dropped before reaching Kafka.",
             ["run"], registry=registry,
         )
+        self.producer_overhead_share = Gauge(
+            "trainwatch_producer_overhead_share",
+            "Largest share of step time a producer of the run measured for itself (producers under an overhead "
+            "budget report it).", ["run"], registry=registry,
+        )
         self.run_live = Gauge(
             "trainwatch_run_live", "1 between a run's run_start and run_end announcements.",
             ["run"], registry=registry,
@@ -144,6 +149,7 @@ class CheckerMetrics:
         self.coverage = CoverageMetrics(registry)
         self._dropped_events = CumulativeToIncrements()
         self._dropped_batches = CumulativeToIncrements()
+        self._overhead_shares: dict[str, dict[Hashable, float]] = {}  # run -> producer -> latest share
         self._first_violation: dict[str, int] = {}
         self._last_checked: dict[str, int] = {}
         self._last_event_ns: dict[str, int] = {}
@@ -154,6 +160,7 @@ class CheckerMetrics:
             self.first_violation_step, self.steps_checked, self.last_checked_step, self.events_consumed,
             self.batches_consumed, self.late_batches, self.missing_rank_windows, self.missing_worker_windows,
             self.producer_dropped_events, self.producer_dropped_batches, self.run_live, self.last_event_timestamp,
+            self.producer_overhead_share,
         )
         #: Counters that start at 0 the moment a run is first seen: a series born at 1
         #: has no earlier sample, so ``increase()`` over it is empty until a second
@@ -190,7 +197,7 @@ class CheckerMetrics:
             self.violations.remove(run, relation, invariant)
         for rule in self._trend_rules.pop(run, ()):
             self.trend_alerts.remove(run, rule)
-        for per_run in (self._first_violation, self._last_checked, self._last_event_ns):
+        for per_run in (self._first_violation, self._last_checked, self._last_event_ns, self._overhead_shares):
             per_run.pop(run, None)
         self._dropped_events.forget_run(run)
         self._dropped_batches.forget_run(run)
@@ -221,6 +228,11 @@ class CheckerMetrics:
             self.producer_dropped_batches.labels(run=run).inc(
                 self._dropped_batches.increment((run, producer), dropped_batches)
             )
+        share = stats.get("overhead_share")
+        if isinstance(share, (int, float)) and not isinstance(share, bool) and 0 <= share < float("inf"):
+            shares = self._overhead_shares.setdefault(run, {})
+            shares[producer] = float(share)
+            self.producer_overhead_share.labels(run=run).set(max(shares.values()))
 
     def dead_letter(self, reason: str) -> None:
         self.dead_letters.labels(reason=reason).inc()
