@@ -220,8 +220,8 @@ def test_every_dashboard_query_is_valid_and_returns_data(stack: Stack):
             assert answer["status"] == "success", f"{uid} / {title} / {ref}: {answer}"
             results_by_run[run] = answer["data"]["result"]
         # A per-run query must return data for the run it is about: the violation
-        # panels for the buggy training run, the drop/late/missing-rank/trend panels
-        # for the faulty pipeline run.
+        # panels for the buggy training run, the drop/late/missing-rank/trend and
+        # producer-overhead panels for the faulty pipeline run.
         if not any(results_by_run.values()):
             empty.append(f"{uid} / {title} / {ref}: {expr}")
     assert not empty, "dashboard queries without data:\n" + "\n".join(empty)

@@ -194,7 +194,8 @@ def publish_pipeline_faults(producer: Any, step_closed: Callable[[], bool]) -> N
         _event("step", phase="begin"),
         _event("call", name="torch.Tensor.backward", phase="pre", cid=1, parent=None,
                args={"self": {"T": "tensor", "shape": [], "dtype": "float32", "value": math.nan}}),
-        _event("meta", what="producer_stats", dropped_events=7, dropped_batches=1),
+        _event("meta", what="producer_stats", dropped_events=7, dropped_batches=1,
+               overhead_budget=0.05, overhead_share=0.031),  # a producer under --overhead-budget
         _event("step", phase="end"),
     ])
     producer.send(topic, key=batch_key(PIPELINE_RUN, 0), value=encode_batch(rank0))
