@@ -101,7 +101,7 @@ def _batch_keeping_site(view: WindowView, call: dict[str, Any], rank: int, stage
         return None
     # Dropping samples is wrong in every stage, precision and grad mode: the site keeps no
     # context that references happened to share, which would only blind the rule elsewhere.
-    records = Lazy(lambda: [{"rank": rank, "step_is_first": view.step == 0}])
+    records = Lazy(lambda: view.context_free_records(rank))
     evidence = {} if holds else {"call": call["key"], "module": call.get("module"), "mtype": call.get("mtype"),
                                  "input": before, "output": after}
     return Site(BATCH_KEEPING, holds, records, [rank], stage, evidence)
@@ -195,7 +195,7 @@ def _call_sites(view: WindowView, call: dict[str, Any], rank: int, plan: "_CallP
                 # which would only blind it elsewhere.
                 if scope and record is None:
                     record = Lazy(lambda: [view.call_record(call, rank)])
-                site_records = record if scope else (lambda: [{"rank": rank, "step_is_first": view.step == 0}])
+                site_records = record if scope else (lambda: view.context_free_records(rank))
                 found.append(Site(family, holds, site_records, [rank], stage,
                                   {} if holds else {"call": call["key"], "module": call.get("module"),
                                                     "mtype": mtype, "limit": limit, out_name: out_value}))

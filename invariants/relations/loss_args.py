@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any, Iterator, Mapping
 
 from ..window import FactPlan
-from .base import Mode, Site, Template
+from .base import Lazy, Mode, Site, Template
 from .view import WindowView
 
 _F = "torch.nn.functional."
@@ -72,7 +72,7 @@ class LossArguments(Template):
     def _call_sites(self, view: WindowView, call: dict[str, Any], args: dict[str, Any], rank: int,
                     mode: Mode) -> Iterator[Site]:
         api, stage, checking = call["api"], call.get("stage", ""), mode.checking
-        records = lambda: [{"rank": rank, "step_is_first": view.step == 0}]  # noqa: E731
+        records = Lazy(lambda: view.context_free_records(rank))
         name = NORMALISING_INPUTS.get(api)
         argument = _tensor(args.get(name)) if name is not None else None
         if argument is not None:

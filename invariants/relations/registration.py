@@ -46,7 +46,7 @@ class ModuleRegistration(Template):
                 holds = ctx.get("unregistered") is not True
                 if holds and checking:
                     continue
-                yield Site(FAMILY, holds, lambda rank=rank: [{"rank": rank, "step_is_first": view.step == 0}],
+                yield Site(FAMILY, holds, lambda rank=rank: view.context_free_records(rank),
                            [rank], call.get("stage", ""),
                            {} if holds else {"call": call["key"], "mtype": call.get("mtype")})
 

@@ -107,7 +107,7 @@ class TrainingFlag(Template):
         family = ("first_forward", MODULE_FORWARD, norm)
         if not mode.wants(family):
             return None
-        records = [{"rank": rank, "step_is_first": view.step == 0}]
+        records = view.context_free_records(rank)
         return Site(family, frozenset([flag]), records, [rank], call.get("stage", ""),
                     {"call": call["key"], "module": call.get("module"), "mtype": call.get("mtype"),
                      "spectral_norm": norm, "training": flag})

@@ -140,6 +140,11 @@ class WindowView:
         return self.window.ranks[rank].stage
 
     # ------------------------------------------------------------- records
+    def context_free_records(self, rank: int) -> list[Record]:
+        """The records of a rule that binds in every stage, precision and grad mode: no
+        context a reference happened to share, which would only blind it elsewhere."""
+        return [{"rank": rank, "step_is_first": self.step == 0}]
+
     def window_record(self, rank: int) -> Record:
         return {"stage": self.rank_stage(rank), "step_is_first": self.step == 0, "rank": rank}
 
