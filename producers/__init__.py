@@ -27,9 +27,10 @@ def instrument(*args: Any, **kwargs: Any) -> Any:
 
     ``instrument(run_id=None, trace_dir=None, bootstrap=None, selection=None,
     sample_every=1, quiet=False, overhead_budget=None)``: with neither ``trace_dir`` nor
-    ``bootstrap`` the trace goes to ``./traces/<run_id>``.  ``overhead_budget=0.05`` thins
-    parameter snapshots to keep the producer within 5 % of each step (`producers.sampling`).  ``selection`` is None (curated default), a path (``-i``
-    file) or an iterable of API names.
+    ``bootstrap`` the trace goes to ``./traces/<run_id>``.  ``selection`` is None (curated
+    default), a path (``-i`` file) or an iterable of API names.  ``overhead_budget=0.05``
+    thins parameter snapshots to keep the producer within 5 % of each step
+    (`producers.sampling`).
     """
     from .session import instrument as _instrument
 

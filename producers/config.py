@@ -40,16 +40,17 @@ def make_run_id(hint: str | None = None) -> str:
     return f"{stem}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(2)}"
 
 
-def parse_overhead_budget(text: str | None) -> float | None:
-    """A share of each step's wall time (``0.05`` = 5 %); None when unset."""
-    if text is None or not text.strip():
+def parse_overhead_budget(value: str | float | None) -> float | None:
+    """A share of each step's wall time (``0.05`` = 5 %), from the command line, the
+    environment or the Python API; None when unset."""
+    if value is None or (isinstance(value, str) and not value.strip()):
         return None
     try:
-        budget = float(text)
+        budget = float(value)
     except ValueError:
-        raise ValueError(f"overhead budget {text!r} is not a number (a share of step time, e.g. 0.05)") from None
+        raise ValueError(f"overhead budget {value!r} is not a number (a share of step time, e.g. 0.05)") from None
     if not 0 < budget < 1:
-        raise ValueError(f"overhead budget {text!r} must be between 0 and 1 (0.05 = 5 % of each step)")
+        raise ValueError(f"overhead budget {value!r} must be between 0 and 1 (0.05 = 5 % of each step)")
     return budget
 
 

@@ -96,13 +96,16 @@ class SnapshotSampler:
         self._window.snapshot_ns += nanoseconds
 
     def step_ended(self, step: int) -> None:
-        """At a step end: book the step's wall time and, now and then, choose the period."""
+        """At a step end: book the step's wall time and, now and then, choose the period
+        (nothing to do for a fixed period)."""
+        if self.clock is None:
+            return
         now = self._now()
         if self._last_end is None:  # the first window (setup) has no known start
             self._last_end = now
             return
         wall, self._last_end = now - self._last_end, now
-        hooks = self.clock.hooks_ns - self._hooks_seen if self.clock is not None else 0
+        hooks = self.clock.hooks_ns - self._hooks_seen
         self._hooks_seen += hooks
         for totals in (self.totals, self._window):
             totals.wall_ns += wall
@@ -110,7 +113,7 @@ class SnapshotSampler:
             totals.steps += 1
             totals.snapshotted_steps += self.wants(step)
         window = self._window
-        if self.budget is not None and (window.steps >= ADAPT_STEPS or window.wall_ns >= ADAPT_NS):
+        if window.steps >= ADAPT_STEPS or window.wall_ns >= ADAPT_NS:
             self.period = self._choose(window)
             self._window = OverheadTotals()
 

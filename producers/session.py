@@ -275,7 +275,7 @@ def instrument(
         bootstrap=bootstrap,
         selection=chosen,
         sample_every=sample_every,
-        overhead_budget=parse_overhead_budget(None if overhead_budget is None else str(overhead_budget)),
+        overhead_budget=parse_overhead_budget(overhead_budget),
         quiet=quiet,
     ).with_defaults()
     session = Session(config)

@@ -43,6 +43,8 @@ if TYPE_CHECKING:
     from .tracer import CallToken
 
 ZERO_GRAD_APIS = frozenset({OPTIMIZER_ZERO_GRAD, MODULE_ZERO_GRAD})
+SETUP_APIS = frozenset({*INIT_FUNCTIONS, PARAM_OVERWRITE})
+REFRESH_EVERY_STEPS = 16
 
 
 def cleared_inside_optimizer_update() -> bool:
@@ -57,8 +59,6 @@ def cleared_inside_optimizer_update() -> bool:
     if frame is None or frame.f_code.co_name == "zero_grad":
         return False
     return isinstance(frame.f_locals.get("self"), torch.optim.Optimizer)
-SETUP_APIS = frozenset({*INIT_FUNCTIONS, PARAM_OVERWRITE})
-REFRESH_EVERY_STEPS = 16
 
 
 def _closure_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Callable[..., Any] | None, bool]:
