@@ -229,6 +229,27 @@ GRAD_CLEAR_API = "torch.Tensor.grad_clear"
 #: The call a DataLoader worker reports its seeds with, and the meta event by which the
 #: rank that forked the workers announces them (see the ``meta`` kind above).
 WORKER_INIT_API = "torch.utils.data.worker_init"
+#: Gradient clipping by norm, and restoring a module from a state dict: calls whose
+#: documented contracts the producer evaluates (``ctx.contract``, see `CONTRACTS`).
+CLIP_GRAD_NORM = "torch.nn.utils.clip_grad_norm_"
+MODULE_LOAD_STATE_DICT = "torch.nn.Module.load_state_dict"
+#: A training pass over a DataLoader whose ``DistributedSampler`` shuffles (recorded only then).
+DATALOADER_EPOCH = "torch.utils.data.DataLoader.__iter__"
+#: Contracts of torch APIs that the producer evaluates on a call, where only the
+#: program's live objects can tell (``ctx.contract`` maps each to kept or not):
+#: ``unscaled_grads`` — ``clip_grad_norm_`` runs after ``GradScaler.unscale_`` in a step
+#: that scaled its loss; ``replaces_weights`` — ``load_state_dict`` gives the module at
+#: least one tensor that is not already its own; ``keeps_optimizer_state`` — an
+#: optimizer step does not start over the state of an identical optimizer that stepped
+#: the same trained parameters before it; ``reshuffles_each_epoch`` — a training pass over
+#: a DataLoader whose ``DistributedSampler`` shuffles starts from another epoch than the
+#: previous pass (``set_epoch`` was called).
+CONTRACTS: dict[str, str] = {
+    "unscaled_grads": CLIP_GRAD_NORM,
+    "replaces_weights": MODULE_LOAD_STATE_DICT,
+    "keeps_optimizer_state": OPTIMIZER_STEP,
+    "reshuffles_each_epoch": DATALOADER_EPOCH,
+}
 
 #: Optimizers are named ``opt<i>`` on the wire (``obj`` of their calls, ``clears`` of a
 #: ``zero_grad``), in the order the producer first saw them.

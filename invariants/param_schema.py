@@ -25,6 +25,7 @@ PARAMS: dict[str, dict[str, Any]] = {
     "InitSparesLearned": {"api": NAME},
     "LossArguments": {"form": NAME, "api": NAME, "arg": NAME, "other": NAME},
     "ModuleRegistration": {"api": NAME},
+    "ApiContract": {"contract": NAME, "api": NAME},
     "Consistent": {"scope": NAME, "at": NAME, "attr": NAME, "a": NAME, "b": NAME},
     "EventContain": {"form": NAME, "api": NAME, "mtype": NAME, "attr": NAME, "effect": NAME, "child": NAME,
                      "args": dict},

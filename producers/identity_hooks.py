@@ -16,7 +16,8 @@
   healthy programs do at any stage, so it is not recorded.
 * Every ``Module.load_state_dict``: the parameters it filled from the state dict hold
   learned values from then on, so an initialiser that runs after the load (a model's
-  own ``init_weights`` called once too often) is known to destroy them.
+  own ``init_weights`` called once too often) is known to destroy them.  The load is
+  recorded with its contract ``replaces_weights`` (see `_replaces_weights`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from invariants.events import PARAM_OVERWRITE
+from invariants.events import MODULE_LOAD_STATE_DICT, PARAM_OVERWRITE
 
 from .grad_clears import grad_property, hand_clear_allowed, load_dynamo_before_grad_is_replaced
 from .ownership import deliberate_reset
@@ -87,6 +88,7 @@ def _optimizer_init(tracer: "Tracer") -> Callable[[Callable[..., Any]], Callable
             if tracer.enabled:
                 try:
                     tracer.ownership.optimizer_seen(self, tracer.registry.add_optimizer(self))
+                    tracer.restarts.constructed(self)
                 except Exception as exc:
                     tracer.internal_error("optimizer construction", exc)
 
@@ -100,21 +102,74 @@ def _load_state_dict(tracer: "Tracer") -> Callable[[Callable[..., Any]], Callabl
         def load_state_dict(self: torch.nn.Module, state_dict: Any, *args: Any, **kwargs: Any) -> Any:
             if not tracer.enabled:
                 return original(self, state_dict, *args, **kwargs)
+            outermost = tracer.enter_group("load_state_dict")  # a subclass's own load calling super()
+            token = None
             try:
-                placeholders = _meta_parameter_names(self)
-            except Exception as exc:
-                tracer.internal_error("state dict load", exc)
-                return original(self, state_dict, *args, **kwargs)
-            result = original(self, state_dict, *args, **kwargs)
-            try:
-                tracer.ownership.loaded(_loaded_parameters(self, state_dict, placeholders))
-            except Exception as exc:
-                tracer.internal_error("state dict load", exc)
-            return result
+                try:
+                    placeholders = _meta_parameter_names(self)
+                    if outermost and tracer.selection.wants(MODULE_LOAD_STATE_DICT) and not tracer.skip_compiled():
+                        token = _begin_load(tracer, self, state_dict)
+                except Exception as exc:
+                    tracer.internal_error("state dict load", exc)
+                    return original(self, state_dict, *args, **kwargs)
+                try:
+                    result = original(self, state_dict, *args, **kwargs)
+                except BaseException as exc:
+                    tracer.end_call(token, exc=exc)
+                    raise
+                tracer.end_call(token)
+                try:
+                    tracer.ownership.loaded(_loaded_parameters(self, state_dict, placeholders))
+                except Exception as exc:
+                    tracer.internal_error("state dict load", exc)
+                return result
+            finally:
+                if outermost:
+                    tracer.leave_group("load_state_dict")
 
         return load_state_dict
 
     return make
+
+
+def _begin_load(tracer: "Tracer", module: torch.nn.Module, state_dict: Any) -> Any:
+    cls = type(module)
+    replaces = _replaces_weights(module, state_dict)
+    return tracer.begin_call(
+        MODULE_LOAD_STATE_DICT, f"{cls.__module__}.{cls.__qualname__}.load_state_dict", {},
+        extra=tracer.module_call_extra(module, MODULE_LOAD_STATE_DICT),
+        contract=None if replaces is None else {"replaces_weights": replaces},
+    )
+
+
+def _replaces_weights(module: torch.nn.Module, state_dict: Any) -> bool | None:
+    """Whether the load gives the module at least one tensor that is not its own already.
+
+    A checkpoint whose keys all miss (DDP's ``module.`` prefix loaded with
+    ``strict=False``), or a state dict that is the module's own (merged into
+    ``model.state_dict()`` before loading, or a "best" state kept without copying)
+    restores nothing and raises nothing.  Judged by name against the module's
+    parameters and persistent buffers and by storage for the names that match; None
+    (not judged) where the module or a submodule rewrites keys with load hooks (FSDP,
+    some model libraries), or holds no state.
+    """
+    if not hasattr(state_dict, "get") or any(
+        getattr(sub, "_load_state_dict_pre_hooks", None) for sub in module.modules()
+    ):
+        return None
+    own = dict(module.named_parameters(remove_duplicate=False))
+    own.update(module.named_buffers(remove_duplicate=False))
+    if not own:
+        return None
+    for name, mine in own.items():
+        given = state_dict.get(name)
+        if not isinstance(given, torch.Tensor) or not isinstance(mine, torch.Tensor):
+            continue
+        if mine.device.type == "meta" or given.device != mine.device or not mine.numel():
+            return True
+        if given.data_ptr() != mine.data_ptr():
+            return True
+    return False
 
 
 def _meta_parameter_names(module: torch.nn.Module) -> set[str]:

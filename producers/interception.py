@@ -19,9 +19,12 @@ import torch
 from invariants.events import (
     AUTOGRAD_BACKWARD,
     BACKWARD_APIS,
+    CLIP_GRAD_NORM,
+    DATALOADER_EPOCH,
     GRAD_CLEAR_API,
     MODULE_EVAL,
     MODULE_FORWARD,
+    MODULE_LOAD_STATE_DICT,
     MODULE_TRAIN,
     MODULE_ZERO_GRAD,
     OPTIMIZER_STEP,
@@ -39,6 +42,7 @@ from .script_hooks import patch_jit_script
 from .worker_hooks import patch_worker_loop, patch_worker_start
 from .patching import PatchHandle, patch_attribute
 from .probabilities import install_probability_marks
+from .sampler_epochs import patch_dataloader_epochs
 from .selection import COLLECTIVES, DROPOUT_FUNCTIONS, INIT_FUNCTIONS, LOSS_FUNCTIONS, Selection
 from .tracer import Tracer, is_compiling
 
@@ -63,7 +67,7 @@ WRAP_SPECS: tuple[WrapSpec, ...] = (
     # direct calls only: inside Tensor.backward the shared group suppresses it
     WrapSpec(AUTOGRAD_BACKWARD, (("torch.autograd", "backward"),), group="backward"),
     WrapSpec(
-        "torch.nn.utils.clip_grad_norm_",
+        CLIP_GRAD_NORM,
         (("torch.nn.utils", "clip_grad_norm_"), ("torch.nn.utils.clip_grad", "clip_grad_norm_")),
         group="clip",
     ),
@@ -89,7 +93,9 @@ WRAP_SPECS: tuple[WrapSpec, ...] = (
     ),
 )
 WRAPPED_APIS = frozenset(spec.api for spec in WRAP_SPECS)
-HOOKED_APIS = frozenset({OPTIMIZER_STEP, MODULE_FORWARD, WORKER_INIT_API, PARAM_OVERWRITE})
+#: recorded by hooks or by wrappers with their own logic (`producers.identity_hooks`)
+HOOKED_APIS = frozenset({OPTIMIZER_STEP, MODULE_FORWARD, WORKER_INIT_API, PARAM_OVERWRITE, MODULE_LOAD_STATE_DICT,
+                         DATALOADER_EPOCH})
 INIT_PROCESS_GROUP = "torch.distributed.init_process_group"
 
 
@@ -183,6 +189,9 @@ def _begin(
         call_args.setdefault(flag, default)
     extra = None
     optimizer = None
+    contract = None
+    if spec.api == CLIP_GRAD_NORM:
+        contract = {"unscaled_grads": not tracer.loss_scale.scaled}
     if spec.method and args:
         cls = type(args[0])
         name = f"{cls.__module__}.{cls.__qualname__}.{method_suffix}"
@@ -199,7 +208,8 @@ def _begin(
         name = function_name
         if spec.api in INIT_FUNCTIONS and args:
             extra = tracer.init_target_facts(args[0])
-    return tracer.begin_call(spec.api, name, call_args, extra=extra, stage=spec.stage, optimizer=optimizer)
+    return tracer.begin_call(spec.api, name, call_args, extra=extra, stage=spec.stage, optimizer=optimizer,
+                             contract=contract)
 
 
 def _autocast_args(context: Any) -> dict[str, Any]:
@@ -244,6 +254,10 @@ def install(tracer: Tracer, selection: Selection, on_rank_change: Callable[[], N
     handles += [*install_checkpoint_hooks(tracer), patch_worker_loop(tracer), patch_worker_start(tracer)]
     if any(selection.wants(api) for api in LOSS_FUNCTIONS):
         handles += install_probability_marks(is_compiling)
+    if selection.wants(CLIP_GRAD_NORM):
+        handles += tracer.loss_scale.install()
+    if selection.wants(DATALOADER_EPOCH):
+        handles.append(patch_dataloader_epochs(tracer))
     handles.append(patch_jit_script(list(handles)))
     mode_targets = _mode_targets(selection)
     if selection.full or mode_targets:

@@ -23,9 +23,12 @@ from typing import Any
 
 from invariants.events import (
     BACKWARD_APIS,
+    CLIP_GRAD_NORM,
+    DATALOADER_EPOCH,
     GRAD_CLEAR_API,
     MODULE_EVAL,
     MODULE_FORWARD,
+    MODULE_LOAD_STATE_DICT,
     MODULE_TRAIN,
     MODULE_ZERO_GRAD,
     OPTIMIZER_STEP,
@@ -76,7 +79,9 @@ DEFAULT_APIS: frozenset[str] = frozenset(
         MODULE_EVAL,
         MODULE_FORWARD,
         *BACKWARD_APIS,
-        "torch.nn.utils.clip_grad_norm_",
+        CLIP_GRAD_NORM,
+        MODULE_LOAD_STATE_DICT,
+        DATALOADER_EPOCH,
         "torch.autocast.__enter__",
         "torch.save",
         "torch.optim.lr_scheduler.LRScheduler.step",

@@ -35,7 +35,9 @@ from invariants.events import (
     PARAMETER_VTYPE,
 )
 
+from .amp_scaling import LossScaleTracker
 from .module_facts import FirstForwards, ParameterFree
+from .optimizer_restarts import OptimizerRestarts
 from .param_snapshots import SnapshotMemo, snapshot_attrs
 from .params import ParameterRegistry
 from .recorder import StepRecorder
@@ -104,6 +106,8 @@ class Tracer(StepBoundaries, ForwardHooks, StageSwitching, WorkerReports):
         self._stats_source = stats_source
         self.registry = ParameterRegistry()
         self.ownership = ParameterOwnership()
+        self.restarts = OptimizerRestarts(self.ownership.is_trained)
+        self.loss_scale = LossScaleTracker()
         self._memo = SnapshotMemo()
         self.stage = "init"
         self._explicit_stages: list[str] = []
@@ -149,6 +153,10 @@ class Tracer(StepBoundaries, ForwardHooks, StageSwitching, WorkerReports):
         if not grad and root is not None and self.ownership.untrained(root, self.recorder.step):
             ctx["untrained_model"] = True  # a teacher or target network: no optimizer trains it
         return ctx
+
+    def root_in_eval_mode(self) -> bool:
+        root = self._root_ref() if self._root_ref is not None else None
+        return root is not None and not root.training
 
     def _record(self, event: dict[str, Any]) -> None:
         self.active = True
@@ -237,8 +245,10 @@ class Tracer(StepBoundaries, ForwardHooks, StageSwitching, WorkerReports):
         extra: dict[str, Any] | None = None,
         stage: str | None = None,
         optimizer: torch.optim.Optimizer | None = None,
+        contract: dict[str, bool] | None = None,
     ) -> CallToken | None:
-        """Record a ``pre`` event (and a parameter snapshot for optimizer calls)."""
+        """Record a ``pre`` event (and a parameter snapshot for optimizer calls);
+        ``contract``: the API contracts evaluated on this call (`invariants.events.CONTRACTS`)."""
         try:
             self.loop_signal(api)
             token = CallToken(next(self._cids), api, name)
@@ -246,6 +256,9 @@ class Tracer(StepBoundaries, ForwardHooks, StageSwitching, WorkerReports):
                 token.restore_stage = self.stage
                 self.stage = stage
             stack = self._tls.stack
+            ctx = self._ctx()
+            if contract:
+                ctx["contract"] = contract
             event = self._event(
                 "call",
                 name=name,
@@ -254,7 +267,7 @@ class Tracer(StepBoundaries, ForwardHooks, StageSwitching, WorkerReports):
                 cid=token.cid,
                 parent=stack[-1] if stack else None,
                 args={key: summarize(value, self.registry.name_of) for key, value in args.items()},
-                ctx=self._ctx(),
+                ctx=ctx,
             )
             if extra:
                 event.update(extra)

@@ -19,7 +19,10 @@ a candidate ships only with evidence that it is a law of training code, not a ha
 * **setup is free**: no "X is never called during setup", no initialiser argument
   agreeing across ranks call by call (rank 0 alone may build a checkpoint);
 * **harmless calls are no law**: no "gradients are never cleared in stage S", no "a
-  loss is never computed in stage S" (a validation loss is good practice);
+  loss is never computed in stage S" (a validation loss is good practice), nothing
+  about when a state dict is restored or an epoch starts but their contracts
+  (``MIN_POSITIVES_RARE_CALLS`` examples are enough there: a run restores and starts
+  epochs a few times, not every step);
 * **data is not a law**: a module's or a loss's input agreeing across data-parallel
   ranks is refused (each rank pads its own batch), and so is a loss's output dtype
   tied to one of its arguments (float64 targets from numpy make a float64 loss);
@@ -38,6 +41,7 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable, Mapping
 
+from invariants.events import DATALOADER_EPOCH, MODULE_LOAD_STATE_DICT
 from invariants.relations import TEMPLATES
 from invariants.relations.identity import keyed_on_user_class
 from producers.selection import LOSS_FUNCTIONS
@@ -53,6 +57,13 @@ WORKER_INIT = "torch.utils.data.worker_init"
 #: A module's first forward happens once per module and process: the same holds for
 #: rules about first forwards.
 MIN_POSITIVES_FIRST_FORWARDS = 6
+#: A program restores a state dict a few times a run (a resume, an EMA swap, the best
+#: weights before a test) and starts an epoch a few times a run, not every step: the
+#: contracts on restores and epochs count them.
+MIN_POSITIVES_RARE_CALLS = 6
+#: APIs recorded for their contract alone: when and after what a program restores a
+#: state dict or starts an epoch is its own choice, so no other rule may name them
+CONTRACT_ONLY_APIS = frozenset({MODULE_LOAD_STATE_DICT, DATALOADER_EPOCH})
 
 #: reference id -> style: how its training loop is written (model family, launch, data
 #: path).  Pipelines of one style share habits; support must span several styles.  A
@@ -98,6 +109,8 @@ def min_positives(invariant: Mapping[str, Any]) -> int:
         return MIN_POSITIVES_WORKER_STARTS
     if invariant["params"].get("first_forward") is True:
         return MIN_POSITIVES_FIRST_FORWARDS
+    if invariant["relation"] == "ApiContract" and invariant["params"].get("api") in CONTRACT_ONLY_APIS:
+        return MIN_POSITIVES_RARE_CALLS
     return MIN_POSITIVES
 
 
@@ -160,6 +173,16 @@ def is_harmless_absence(invariant: Mapping[str, Any]) -> bool:
     in stage S": a validation loss is good practice, and its absence a habit."""
     params = invariant["params"]
     return invariant["relation"] == "APIAbsent" and params.get("api") in CLEARING_APIS | set(LOSS_FUNCTIONS)
+
+
+def is_contract_only_habit(invariant: Mapping[str, Any]) -> bool:
+    """Any rule but the contract about an API recorded for its contract alone: whether,
+    where and after what a program restores a state dict (a resume mid-run, an EMA swap
+    before evaluation, the best weights before a test) or starts an epoch is its own
+    choice."""
+    params = invariant["params"]
+    named = {params.get(key) for key in ("api", "first", "then", "child")}
+    return invariant["relation"] != "ApiContract" and bool(CONTRACT_ONLY_APIS & named)
 
 
 def is_setup_call_agreement(invariant: Mapping[str, Any]) -> bool:
@@ -264,6 +287,8 @@ def evidence_reasons(invariant: Mapping[str, Any], support: Mapping[str, set[str
         reasons.append("an API's absence from setup: setup may do anything")
     if is_harmless_absence(invariant):
         reasons.append("clearing gradients or computing a loss never called in a stage: harmless anywhere")
+    if is_contract_only_habit(invariant):
+        reasons.append("when or after what a state dict is restored or an epoch starts: the program's choice")
     if is_setup_call_agreement(invariant):
         reasons.append("an initialiser's argument agreeing across ranks by call position: setup may differ by rank")
     if is_loss_dtype_tie(invariant):

@@ -9,6 +9,7 @@ from .base import Site, Template
 from .view import WindowView
 from .consistent import Consistent
 from .contain import EventContain
+from .contracts import ApiContract
 from .learned_writes import InitSparesLearned
 from .loss_args import LossArguments
 from .registration import ModuleRegistration
@@ -32,6 +33,7 @@ TEMPLATES: dict[str, Template] = {
         StableVariables(),
         LossArguments(),
         ModuleRegistration(),
+        ApiContract(),
     )
 }
 

@@ -1,0 +1,96 @@
+"""ApiContract: documented contracts of torch APIs, evaluated by the producer on each call.
+
+``{"contract": "unscaled_grads", "api": "torch.nn.utils.clip_grad_norm_"}`` — some
+contracts are about objects only the training process can see: whether the gradients
+a clip receives are still multiplied by a ``GradScaler``'s loss scale, whether a
+restored state dict holds anything the module does not hold already, whether a new
+optimizer starts over the state of an identical one that was training the same
+parameters.  The producer evaluates each on the call it is about and sends the answer
+(``ctx.contract``, see `invariants.events.CONTRACTS`); this template turns the answers
+into sites, so whether a contract ships is still decided by inference and the shipping
+rules, like any other hypothesis.  The contracts bind in every stage, precision and
+grad mode, so sites keep no context.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Mapping
+
+from ..events import CONTRACTS
+from ..window import FactPlan
+from .base import Mode, Site, Template
+from .view import WindowView
+
+DESCRIPTIONS: dict[str, str] = {
+    "unscaled_grads": "{api} is given unscaled gradients: GradScaler.unscale_ runs first in a step that scales the loss",
+    "replaces_weights": "{api} restores at least one tensor the module does not already hold",
+    "keeps_optimizer_state": ("{api} never starts over the state (moments, momentum) of an identical optimizer that "
+                              "was training the same parameters"),
+    "reshuffles_each_epoch": ("a training pass of {api} over a shuffling DistributedSampler starts a new epoch "
+                              "(set_epoch was called since the previous pass)"),
+}
+HINTS: dict[str, str] = {
+    "unscaled_grads": ("the gradients are still multiplied by the loss scale (65536 to start with): the clip sees a "
+                       "norm thousands of times too large and shrinks every update; call scaler.unscale_(optimizer) "
+                       "before clip_grad_norm_"),
+    "replaces_weights": ("nothing was restored: the checkpoint's keys match none of the module's (a 'module.' prefix "
+                         "from DataParallel/DDP loaded with strict=False), or the dict holds the module's own tensors "
+                         "(merged into model.state_dict(), or a 'best' state kept without copying)"),
+    "keeps_optimizer_state": ("the optimizer was built again over parameters it was already training (inside the "
+                              "loop?): Adam's moments and step count, or momentum, start from zero; build it once, or "
+                              "load the old optimizer's state_dict"),
+    "reshuffles_each_epoch": ("DistributedSampler shuffles with seed + epoch, and its epoch changes only through "
+                              "sampler.set_epoch(epoch): without it every epoch replays the same order and batches; "
+                              "call set_epoch at the start of each epoch"),
+}
+
+
+class ApiContract(Template):
+    relation = "ApiContract"
+
+    def allows_precondition(self, family: tuple) -> bool:
+        return False
+
+    def check_plan(self, families: Any) -> frozenset[str]:
+        """The APIs the deployed contracts are about."""
+        return frozenset(family[1] for family in families)
+
+    def sites(self, view: WindowView, mode: Mode) -> Iterator[Site]:
+        apis = mode.plan if mode.checking else frozenset(CONTRACTS.values())
+        checking = mode.checking
+        for rank in view.ranks():
+            by_api = view.calls_by_api(rank)
+            for api in sorted(apis):
+                for call in by_api.get(api, ()):
+                    ctx = call.get("ctx")
+                    contract = ctx.get("contract") if isinstance(ctx, dict) else None
+                    if not isinstance(contract, dict):
+                        continue
+                    for name, kept in contract.items():
+                        if CONTRACTS.get(name) != api or kept.__class__ is not bool:
+                            continue
+                        family = (name, api)
+                        if (kept and checking) or not mode.wants(family):
+                            continue
+                        yield Site(family, kept, lambda rank=rank: view.context_free_records(rank), [rank],
+                                   call.get("stage", ""), {} if kept else {"call": call["key"], "contract": name})
+
+    def params(self, family: tuple, value: Any) -> dict[str, Any]:
+        return {"contract": family[0], "api": family[1]}
+
+    def key(self, params: Mapping[str, Any]) -> tuple[tuple, Any]:
+        contract, api = params["contract"], params["api"]
+        if not isinstance(contract, str) or contract not in CONTRACTS:
+            raise ValueError("contract")
+        if api != CONTRACTS[contract]:
+            raise ValueError("api")
+        return (contract, api), None
+
+    def needs(self, params: Mapping[str, Any]) -> FactPlan:
+        return FactPlan(apis={params["api"]}, args={}, state_points=set(), state_attrs=set())
+
+    def describe(self, params: Mapping[str, Any]) -> str:
+        return DESCRIPTIONS[params["contract"]].format(api=params["api"])
+
+    def hint(self, params: Mapping[str, Any]) -> str:
+        return HINTS[params["contract"]]

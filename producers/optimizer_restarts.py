@@ -1,0 +1,74 @@
+"""An optimizer rebuilt over the parameters it was already training, its state thrown away.
+
+Adam's moment estimates, momentum buffers and step counts live in the optimizer object;
+constructing it again inside the loop (once an epoch, after every evaluation) starts
+them over each time, and the updates become bias-corrected first steps whatever the
+gradient history says.  Nothing fails.  What tells this apart from the healthy reasons
+to build a second optimizer (a fine-tuning phase with another learning rate or
+algorithm, a new model in a sweep or a cross-validation fold, a resume that loads the
+old state) is judged at the new optimizer's first step:
+
+* the same class and the same initial learning rates as an optimizer that stepped
+  before it with state (plain SGD without momentum keeps none, so loses nothing);
+* over exactly that optimizer's parameters, every one of them trained already in this
+  run (a new model's parameters can reuse the addresses of a freed one's, never its
+  training);
+* and with no state of its own (``load_state_dict`` of the old state keeps it).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Callable
+
+import torch
+
+from .ownership import optimizer_param_ids
+
+Signature = tuple[type, frozenset[int], tuple[float, ...]]
+
+
+def _initial_learning_rates(optimizer: torch.optim.Optimizer) -> tuple[float, ...]:
+    rates = []
+    for group in optimizer.param_groups:
+        rate = group.get("initial_lr", group.get("lr"))
+        rates.append(float(rate) if isinstance(rate, (int, float)) else float("nan"))
+    return tuple(rates)
+
+
+class OptimizerRestarts:
+    """Remembers the optimizers that stepped with state; judges each new one's first step."""
+
+    def __init__(self, is_trained: Callable[[torch.Tensor], bool]) -> None:
+        self._is_trained = is_trained
+        self._initial: "weakref.WeakKeyDictionary[torch.optim.Optimizer, tuple[float, ...]]" = weakref.WeakKeyDictionary()
+        self._judged: "weakref.WeakSet[torch.optim.Optimizer]" = weakref.WeakSet()
+        self._remembered: "weakref.WeakSet[torch.optim.Optimizer]" = weakref.WeakSet()
+        #: signatures of optimizers that have stepped holding state (bounded: one per
+        #: class, parameter set and learning rates, however often it is rebuilt)
+        self._stateful: set[Signature] = set()
+
+    def constructed(self, optimizer: torch.optim.Optimizer) -> None:
+        self._initial[optimizer] = _initial_learning_rates(optimizer)
+
+    def keeps_state(self, optimizer: torch.optim.Optimizer) -> bool:
+        """False at the first step of an optimizer that restarts a predecessor's state."""
+        if optimizer in self._judged:
+            return True
+        self._judged.add(optimizer)
+        if optimizer.state or self._signature(optimizer) not in self._stateful:
+            return True
+        params = [p for group in optimizer.param_groups for p in group.get("params", ())]
+        return not (params and all(self._is_trained(p) for p in params))
+
+    def stepped(self, optimizer: torch.optim.Optimizer) -> None:
+        """After a step: the first one that leaves state makes the optimizer remembered."""
+        if optimizer.state and optimizer not in self._remembered:
+            self._remembered.add(optimizer)
+            self._stateful.add(self._signature(optimizer))
+
+    def _signature(self, optimizer: torch.optim.Optimizer) -> Signature:
+        initial = self._initial.get(optimizer)
+        if initial is None:  # built before instrumentation: its current rates stand in
+            initial = self._initial[optimizer] = _initial_learning_rates(optimizer)
+        return type(optimizer), optimizer_param_ids(optimizer), initial

@@ -1,0 +1,161 @@
+"""The producer evaluates four documented torch contracts on the calls they are about:
+a clip after ``GradScaler.unscale_``, a restore that restores something, an optimizer
+that keeps the state of the one it replaces, a shuffling DistributedSampler that moves
+to a new epoch per training pass.  Healthy variants (the ones a blunter rule would flag)
+keep each contract."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+import producers
+from invariants.events import CLIP_GRAD_NORM, DATALOADER_EPOCH, MODULE_LOAD_STATE_DICT, OPTIMIZER_STEP
+from tests.support.producer_traces import trace_batches, trace_events
+
+
+def _contracts(tmp_path, api: str) -> list[dict]:
+    return [(event.get("ctx") or {}).get("contract") for _, event in trace_events(trace_batches(tmp_path))
+            if event["kind"] == "call" and event["phase"] == "pre" and event["api"] == api]
+
+
+def _model() -> nn.Module:
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+
+
+def _backward(model: nn.Module, scaler=None) -> None:
+    loss = model(torch.randn(8, 4)).pow(2).mean()
+    (scaler.scale(loss) if scaler is not None else loss).backward()
+
+
+def test_a_clip_of_gradients_still_multiplied_by_the_loss_scale_breaks_the_contract(tmp_path):
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    disabled = torch.amp.GradScaler("cpu", enabled=False)
+    with producers.instrument(run_id="r-clip", trace_dir=tmp_path, quiet=True):
+        for unscale in (True, False):
+            optimizer.zero_grad()
+            _backward(model, scaler)
+            if unscale:
+                scaler.unscale_(optimizer)
+            nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            scaler.step(optimizer)
+            scaler.update()
+        for other in (disabled, None):  # a disabled scaler, or none: nothing is scaled
+            optimizer.zero_grad()
+            _backward(model, other)
+            nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+    assert _contracts(tmp_path, CLIP_GRAD_NORM) == [
+        {"unscaled_grads": True}, {"unscaled_grads": False}, {"unscaled_grads": True}, {"unscaled_grads": True}]
+
+
+class _Renaming(nn.Module):
+    """Rewrites checkpoint keys with a load hook (as FSDP and some libraries do)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Linear(2, 2)
+        self.register_load_state_dict_pre_hook(lambda *args, **kwargs: None)
+
+
+class _OwnLoad(nn.Sequential):
+    """A subclass whose own load_state_dict calls the base one: recorded once."""
+
+    def load_state_dict(self, state_dict, strict=True, assign=False):
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
+
+def test_a_restore_that_hands_the_module_nothing_new_breaks_the_contract(tmp_path):
+    model = _OwnLoad(nn.Linear(4, 4))
+    checkpoint = {k: v.clone() for k, v in model.state_dict().items()}
+    with producers.instrument(run_id="r-load", trace_dir=tmp_path, quiet=True):
+        model.load_state_dict(checkpoint)  # a copy: restores
+        model.load_state_dict(copy.deepcopy(model.state_dict()))
+        model.load_state_dict({f"module.{k}": v for k, v in checkpoint.items()}, strict=False)  # no key matches
+        best = model.state_dict()  # kept without copying: the model's own tensors
+        model.load_state_dict(best)
+        merged = model.state_dict()
+        merged.update({f"module.{k}": v for k, v in checkpoint.items()})
+        model.load_state_dict({k: v for k, v in merged.items() if not k.startswith("module.")})
+        _Renaming().load_state_dict({"inner.weight": torch.zeros(2, 2), "inner.bias": torch.zeros(2)})
+        nn.ReLU().load_state_dict({})  # nothing to restore: not judged
+    assert _contracts(tmp_path, MODULE_LOAD_STATE_DICT) == [
+        {"replaces_weights": True}, {"replaces_weights": True}, {"replaces_weights": False},
+        {"replaces_weights": False}, {"replaces_weights": False}, None, None]
+
+
+def _step_contracts(tmp_path) -> list[bool]:
+    found = [c["keeps_optimizer_state"] for c in _contracts(tmp_path, OPTIMIZER_STEP)]
+    return found
+
+
+def test_an_identical_optimizer_rebuilt_over_trained_parameters_breaks_the_contract_once(tmp_path):
+    model = _model()
+
+    def steps(optimizer, count=2):
+        for _ in range(count):
+            optimizer.zero_grad()
+            _backward(model)
+            optimizer.step()
+        return optimizer
+
+    with producers.instrument(run_id="r-restart", trace_dir=tmp_path, quiet=True):
+        first = steps(torch.optim.Adam(model.parameters(), lr=1e-2))
+        steps(torch.optim.Adam(model.parameters(), lr=1e-2))  # rebuilt: state thrown away
+        resumed = torch.optim.Adam(model.parameters(), lr=1e-2)
+        resumed.load_state_dict(first.state_dict())  # a resume keeps it
+        steps(resumed, 1)
+        steps(torch.optim.Adam(model.parameters(), lr=1e-3), 1)  # a new phase at another rate
+        steps(torch.optim.SGD(model.parameters(), lr=0.1), 1)
+        steps(torch.optim.SGD(model.parameters(), lr=0.1), 1)  # plain SGD keeps no state to lose
+        fresh = _model()  # a new model (a sweep): its parameters were never trained
+        for _ in range(2):
+            optimizer = torch.optim.Adam(fresh.parameters(), lr=1e-2)
+            optimizer.zero_grad()
+            fresh(torch.randn(8, 4)).pow(2).mean().backward()
+            optimizer.step()
+            fresh = _model()
+    assert _step_contracts(tmp_path) == [True, True, False, True, True, True, True, True, True, True]
+
+
+def _loader(shuffle: bool) -> tuple[DataLoader, DistributedSampler]:
+    data = TensorDataset(torch.randn(16, 4))
+    sampler = DistributedSampler(data, num_replicas=1, rank=0, shuffle=shuffle, seed=0)
+    return DataLoader(data, batch_size=8, sampler=sampler), sampler
+
+
+def test_a_training_pass_that_replays_the_previous_epoch_breaks_the_contract(tmp_path):
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    train, sampler = _loader(shuffle=True)
+    ordered, _ = _loader(shuffle=False)
+
+    def train_pass():
+        for (x,) in train:
+            optimizer.zero_grad()
+            model(x).pow(2).mean().backward()
+            optimizer.step()
+
+    with producers.instrument(run_id="r-epochs", trace_dir=tmp_path, quiet=True):
+        for epoch in range(2):
+            sampler.set_epoch(epoch)
+            train_pass()
+            with torch.no_grad():  # accuracy on the training set: same epoch, not judged
+                for (x,) in train:
+                    model(x)
+            model.eval()
+            for (x,) in train:  # in evaluation mode: not judged either
+                model(x)
+            model.train()
+            for (x,) in ordered:  # a sampler that does not shuffle: nothing to judge
+                model(x)
+        train_pass()  # set_epoch forgotten: the previous epoch again
+    assert _contracts(tmp_path, DATALOADER_EPOCH) == [
+        {"reshuffles_each_epoch": True}, {"reshuffles_each_epoch": True}, {"reshuffles_each_epoch": False}]
