@@ -243,11 +243,14 @@ DATALOADER_EPOCH = "torch.utils.data.DataLoader.__iter__"
 #: optimizer step does not start over the state of an identical optimizer that stepped
 #: the same trained parameters before it; ``reshuffles_each_epoch`` — a training pass over
 #: a DataLoader whose ``DistributedSampler`` shuffles starts from another epoch than the
-#: previous pass (``set_epoch`` was called).
+#: previous pass (``set_epoch`` was called); ``grads_reach_what_ran`` — of the trainable
+#: parameters an optimizer step holds whose layers ran with gradients since the previous
+#: step, most (by size) have a gradient (no ``.detach()`` cut them off the loss).
 CONTRACTS: dict[str, str] = {
     "unscaled_grads": CLIP_GRAD_NORM,
     "replaces_weights": MODULE_LOAD_STATE_DICT,
     "keeps_optimizer_state": OPTIMIZER_STEP,
+    "grads_reach_what_ran": OPTIMIZER_STEP,
     "reshuffles_each_epoch": DATALOADER_EPOCH,
 }
 

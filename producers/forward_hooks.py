@@ -53,6 +53,8 @@ class ForwardHooks:
                     self._set_auto_stage(stage_of(model, self.registry.roots()))
                     if model.training and torch.is_grad_enabled():
                         self.root_forward_signal()
+            if torch.is_grad_enabled() or tls.checkpointed:
+                self.graph_cuts.ran(module)
             if not self._record_forward:
                 tls.forward_cids.append(None)
                 return

@@ -36,6 +36,7 @@ from invariants.events import (
 )
 
 from .amp_scaling import LossScaleTracker
+from .graph_cuts import GraphCuts
 from .module_facts import FirstForwards, ParameterFree
 from .optimizer_restarts import OptimizerRestarts
 from .param_snapshots import SnapshotMemo, snapshot_attrs
@@ -108,6 +109,7 @@ class Tracer(StepBoundaries, ForwardHooks, StageSwitching, WorkerReports):
         self.ownership = ParameterOwnership()
         self.restarts = OptimizerRestarts(self.ownership.is_trained)
         self.loss_scale = LossScaleTracker()
+        self.graph_cuts = GraphCuts()
         self._memo = SnapshotMemo()
         self.stage = "init"
         self._explicit_stages: list[str] = []

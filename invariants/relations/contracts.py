@@ -26,6 +26,8 @@ DESCRIPTIONS: dict[str, str] = {
     "replaces_weights": "{api} restores at least one tensor the module does not already hold",
     "keeps_optimizer_state": ("{api} never starts over the state (moments, momentum) of an identical optimizer that "
                               "was training the same parameters"),
+    "grads_reach_what_ran": ("{api} gives a gradient to most of the trainable parameters it holds whose layers ran "
+                             "with gradients"),
     "reshuffles_each_epoch": ("a training pass of {api} over a shuffling DistributedSampler starts a new epoch "
                               "(set_epoch was called since the previous pass)"),
 }
@@ -39,6 +41,9 @@ HINTS: dict[str, str] = {
     "keeps_optimizer_state": ("the optimizer was built again over parameters it was already training (inside the "
                               "loop?): Adam's moments and step count, or momentum, start from zero; build it once, or "
                               "load the old optimizer's state_dict"),
+    "grads_reach_what_ran": ("layers ran with gradients enabled, yet no gradient reached them: a .detach() (or a "
+                             "round trip through .item()/numpy) cuts them off the loss, so they never train; freeze on "
+                             "purpose with requires_grad_(False) or torch.no_grad()"),
     "reshuffles_each_epoch": ("DistributedSampler shuffles with seed + epoch, and its epoch changes only through "
                               "sampler.set_epoch(epoch): without it every epoch replays the same order and batches; "
                               "call set_epoch at the start of each epoch"),

@@ -159,3 +159,50 @@ def test_a_training_pass_that_replays_the_previous_epoch_breaks_the_contract(tmp
         train_pass()  # set_epoch forgotten: the previous epoch again
     assert _contracts(tmp_path, DATALOADER_EPOCH) == [
         {"reshuffles_each_epoch": True}, {"reshuffles_each_epoch": True}, {"reshuffles_each_epoch": False}]
+
+
+class _Net(nn.Module):
+    """A backbone, a head, and a small pooler that runs but that the loss never uses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.backbone = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Linear(32, 32))
+        self.pooler = nn.Linear(32, 1, bias=False)  # smaller than the head
+        self.head = nn.Linear(32, 1)
+        self.cut = "none"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.cut == "no_grad":  # a deliberate freeze: the backbone runs without gradients
+            with torch.no_grad():
+                features = self.backbone(x)
+        else:
+            features = self.backbone(x)
+        self.pooler(features)  # computed and ignored
+        return self.head(features.detach() if self.cut == "detach" else features)
+
+
+def test_an_optimizer_step_after_a_detach_cut_off_most_of_what_ran_breaks_the_contract(tmp_path):
+    model = _Net()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    lbfgs = torch.optim.LBFGS(model.head.parameters(), max_iter=2)
+    with producers.instrument(run_id="r-cut", trace_dir=tmp_path, quiet=True):
+        for cut in ("none", "no_grad", "detach"):
+            model.cut = cut
+            optimizer.zero_grad()
+            model(torch.randn(8, 4)).pow(2).mean().backward()
+            optimizer.step()
+        model.cut = "none"
+        for param in model.backbone.parameters():
+            param.requires_grad_(False)  # frozen the documented way
+        optimizer.zero_grad()
+        model(torch.randn(8, 4)).pow(2).mean().backward()
+        optimizer.step()
+
+        def closure():  # gradients exist only once the closure ran
+            lbfgs.zero_grad()
+            loss = model(torch.randn(8, 4)).pow(2).mean()
+            loss.backward()
+            return loss
+
+        lbfgs.step(closure)
+    assert [c["grads_reach_what_ran"] for c in _contracts(tmp_path, OPTIMIZER_STEP)] == [True, True, False, True, True]

@@ -1,0 +1,50 @@
+"""Layers that ran with gradients yet got none: the graph was cut between them and the loss.
+
+A ``.detach()`` left on the features a head consumes (or a round trip through
+``.item()``/numpy) stops every gradient into the layers before it.  The optimizer
+still holds their parameters and skips them quietly (their ``grad`` stays None), the
+head keeps learning, and the loss still falls.  A deliberate freeze looks different: its
+layers run under ``torch.no_grad`` or with ``requires_grad=False``, so they never count
+here.  What counts is judged at each optimizer step (after its closure, if any): of
+the trainable parameters it holds whose modules ran with gradients since the previous
+step, those without a gradient must not be the larger part by size.  A small unused
+piece that ran anyway (a pretrained pooler the program's own head ignores, an auxiliary
+classifier whose output is dropped) stays well under half; a cut-off backbone does not.
+
+Per forward this costs one set insertion; per step one ``grad is None`` test per
+parameter, and the walk over the modules only when some gradient is missing.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+
+class GraphCuts:
+    """The modules run with gradients since the last optimizer step."""
+
+    def __init__(self) -> None:
+        self._ran: set[int] = set()
+
+    def ran(self, module: torch.nn.Module) -> None:
+        self._ran.add(id(module))
+
+    def reaches_what_ran(self, optimizer: torch.optim.Optimizer, roots: Iterable[torch.nn.Module]) -> bool:
+        """False when most of what the optimizer trains and saw run got no gradient."""
+        trainable = [p for group in optimizer.param_groups for p in group.get("params", ()) if p.requires_grad]
+        missing = [p for p in trainable if p.grad is None]
+        if not missing:
+            return True
+        ran = self._ran
+        ran_params = {
+            id(param) for root in roots for module in root.modules() if id(module) in ran
+            for param in module._parameters.values() if param is not None
+        }
+        total = sum(p.numel() for p in trainable if id(p) in ran_params)
+        lost = sum(p.numel() for p in missing if id(p) in ran_params)
+        return 2 * lost <= total
+
+    def stepped(self) -> None:
+        self._ran.clear()
