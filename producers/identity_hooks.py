@@ -119,7 +119,9 @@ def _load_state_dict(tracer: "Tracer") -> Callable[[Callable[..., Any]], Callabl
                     raise
                 tracer.end_call(token)
                 try:
-                    tracer.ownership.loaded(_loaded_parameters(self, state_dict, placeholders))
+                    loaded = _loaded_parameters(self, state_dict, placeholders)
+                    tracer.ownership.loaded(loaded)
+                    tracer.restarts.restored(loaded)
                 except Exception as exc:
                     tracer.internal_error("state dict load", exc)
                 return result

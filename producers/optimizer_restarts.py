@@ -13,13 +13,16 @@ old state) is judged at the new optimizer's first step:
 * over exactly that optimizer's parameters, every one of them trained already in this
   run (a new model's parameters can reuse the addresses of a freed one's, never its
   training);
-* and with no state of its own (``load_state_dict`` of the old state keeps it).
+* with no state of its own (``load_state_dict`` of the old state keeps it);
+* and with none of them restored (``Module.load_state_dict``) since that optimizer
+  stepped: a restart from a checkpoint that kept no optimizer state starts over on
+  purpose, with weights that are not the ones the old state was built on.
 """
 
 from __future__ import annotations
 
 import weakref
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 
@@ -46,26 +49,37 @@ class OptimizerRestarts:
         self._remembered: "weakref.WeakSet[torch.optim.Optimizer]" = weakref.WeakSet()
         #: signatures of optimizers that have stepped holding state (bounded: one per
         #: class, parameter set and learning rates, however often it is rebuilt)
-        self._stateful: set[Signature] = set()
+        self._stateful: dict[Signature, int] = {}  # -> the restore count when it was remembered
+        self._restores = 0
+        self._restored_at: dict[int, int] = {}  # id(parameter) -> the restore count of its last restore
 
     def constructed(self, optimizer: torch.optim.Optimizer) -> None:
         self._initial[optimizer] = _initial_learning_rates(optimizer)
+
+    def restored(self, params: Iterable[torch.Tensor]) -> None:
+        """``Module.load_state_dict`` gave these parameters values from a state dict."""
+        self._restores += 1
+        for param in params:
+            self._restored_at[id(param)] = self._restores
 
     def keeps_state(self, optimizer: torch.optim.Optimizer) -> bool:
         """False at the first step of an optimizer that restarts a predecessor's state."""
         if optimizer in self._judged:
             return True
         self._judged.add(optimizer)
-        if optimizer.state or self._signature(optimizer) not in self._stateful:
+        remembered_at = None if optimizer.state else self._stateful.get(self._signature(optimizer))
+        if remembered_at is None:
             return True
         params = [p for group in optimizer.param_groups for p in group.get("params", ())]
+        if any(self._restored_at.get(id(p), -1) > remembered_at for p in params):
+            return True
         return not (params and all(self._is_trained(p) for p in params))
 
     def stepped(self, optimizer: torch.optim.Optimizer) -> None:
         """After a step: the first one that leaves state makes the optimizer remembered."""
         if optimizer.state and optimizer not in self._remembered:
             self._remembered.add(optimizer)
-            self._stateful.add(self._signature(optimizer))
+            self._stateful[self._signature(optimizer)] = self._restores
 
     def _signature(self, optimizer: torch.optim.Optimizer) -> Signature:
         initial = self._initial.get(optimizer)

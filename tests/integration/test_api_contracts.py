@@ -206,3 +206,36 @@ def test_an_optimizer_step_after_a_detach_cut_off_most_of_what_ran_breaks_the_co
 
         lbfgs.step(closure)
     assert [c["grads_reach_what_ran"] for c in _contracts(tmp_path, OPTIMIZER_STEP)] == [True, True, False, True, True]
+
+
+def test_an_optimizer_rebuilt_after_restoring_the_model_from_a_checkpoint_keeps_the_contract(tmp_path):
+    """A restart from a checkpoint that kept no optimizer state (in the same process, as
+    after a detected fault) starts over on purpose, whichever comes first: the restore
+    or the new optimizers (two of them, stepping in turn, as in a GAN)."""
+    generator, critic = _model(), _model()
+    checkpoint = {k: v.clone() for k, v in generator.state_dict().items()}
+    critic_checkpoint = {k: v.clone() for k, v in critic.state_dict().items()}
+
+    def step(optimizer, model):
+        optimizer.zero_grad()
+        _backward(model)
+        optimizer.step()
+
+    with producers.instrument(run_id="r-resume", trace_dir=tmp_path, quiet=True):
+        first = (torch.optim.Adam(generator.parameters(), lr=1e-2), torch.optim.Adam(critic.parameters(), lr=1e-2))
+        for _ in range(2):
+            step(first[0], generator)
+            step(first[1], critic)
+        for order in ("restore first", "build first"):
+            if order == "restore first":
+                generator.load_state_dict(checkpoint)
+                critic.load_state_dict(critic_checkpoint)
+            pair = (torch.optim.Adam(generator.parameters(), lr=1e-2), torch.optim.Adam(critic.parameters(), lr=1e-2))
+            if order == "build first":
+                generator.load_state_dict(checkpoint)
+                critic.load_state_dict(critic_checkpoint)
+            for _ in range(2):
+                step(pair[0], generator)
+                step(pair[1], critic)
+    kept = [c["keeps_optimizer_state"] for c in _contracts(tmp_path, OPTIMIZER_STEP)]
+    assert len(kept) == 12 and all(kept)
