@@ -153,6 +153,10 @@ CORPUS: tuple[Reference, ...] = (
               style="lightning", modelled_on="Lightning cifar10-baseline with devices=2, strategy='ddp'"),
     Reference("bilstm_crf_tagger", "benchmarks/corpus/bilstm_crf_tagger.py", style="rnn",
               modelled_on="PyTorch tutorial Bi-LSTM CRF"),
+    Reference("pointnet_owned_rng", "benchmarks/corpus/pointnet_owned_rng.py", style="pointcloud",
+              modelled_on="fxia22/pointnet.pytorch train_classification.py + NumPy SeedSequence per worker"),
+    Reference("iresnet_flow_spectral", "benchmarks/corpus/iresnet_flow_spectral.py", style="normalizing-flow",
+              modelled_on="jhjacobsen/invertible-resnet + rtqichen/residual-flows toy 2-D densities"),
 )
 
 REFERENCES = REFERENCES + CORPUS
