@@ -10,10 +10,9 @@ from bug_cases import TORCHRUN_2, BugCase
 FIELD_BUGS: tuple[BugCase, ...] = (
     BugCase(
         "detached_backbone_features", "backbone features detached before the head; the backbone stops training",
-        "queenie88/A-GCN-4", ("backbone", "detach", "grad"), "EventContain (every trainable parameter gets a gradient)",
+        "queenie88/A-GCN-4", ("backbone", "detach", "grad"),
+        "ApiContract (gradients reach most of the layers that ran with gradients)",
         cause_class="computation graph cut by detach",
-        gap="the step rule needs only one changed parameter; no per-parameter rule that a parameter the optimizer "
-            "holds with requires_grad=True receives a gradient",
     ),
     BugCase(
         "layers_in_python_list", "new adapter kept in a plain list; never registered, never trained",
@@ -38,10 +37,9 @@ FIELD_BUGS: tuple[BugCase, ...] = (
     ),
     BugCase(
         "optimizer_recreated_each_epoch", "Adam re-created every epoch; moment estimates reset",
-        "gaohongkui/GlobalPointer_pytorch-7", ("Optimizer", "Adam", "state"), "APIArg (optimizer identity stable)",
+        "gaohongkui/GlobalPointer_pytorch-7", ("Optimizer", "Adam", "state"),
+        "ApiContract (no identical optimizer rebuilt over the parameters it trains)",
         cause_class="optimizer state reset",
-        gap="no rule on optimizer identity or state continuity across steps; the trace of the buggy run also "
-            "counts only 4 of its 6 iterations",
     ),
     BugCase(
         "ranks_init_unsynced", "fresh head drawn from a per-rank-seeded generator and not broadcast; replicas differ",
@@ -57,9 +55,9 @@ FIELD_BUGS: tuple[BugCase, ...] = (
     ),
     BugCase(
         "load_prefix_mismatch", "checkpoint keys prefixed with 'module.' merged into the model's own; nothing loaded",
-        "StackOverflow-61854165", ("load_state_dict", "module."), "APIArg (load_state_dict changes the parameters)",
+        "StackOverflow-61854165", ("load_state_dict", "module."),
+        "ApiContract (a restore hands the module tensors it does not hold)",
         cause_class="checkpoint silently not loaded",
-        gap="load_state_dict is not intercepted; no rule that a restore replaces the weights it is given",
     ),
     BugCase(
         "loss_requires_grad_hack", "loss computed under no_grad, then loss.requires_grad = True; no parameter gets a gradient",
@@ -79,10 +77,8 @@ FIELD_BUGS: tuple[BugCase, ...] = (
     BugCase(
         "amp_clip_scaled_grads", "clip_grad_norm_ on GradScaler-scaled gradients (unscale_ dropped)",
         "milesial/Pytorch-UNet-468", ("clip_grad_norm_", "unscale_", "GradScaler"),
-        "APISequence (unscale_ before clip when a scaler is used)",
+        "ApiContract (clip_grad_norm_ after GradScaler.unscale_)",
         cause_class="AMP gradients clipped while scaled",
-        gap="GradScaler methods are not intercepted; no rule 'unscale_ before clip_grad_norm_ in steps that scale "
-            "the loss' (the clip's input norm, ~1e5, is not recorded either)",
     ),
     BugCase(
         "clip_before_backward", "clip_grad_norm_ called between zero_grad() and backward(); clips nothing",
@@ -116,10 +112,8 @@ FIELD_BUGS: tuple[BugCase, ...] = (
     ),
     BugCase(
         "distributed_sampler_no_set_epoch", "DistributedSampler.set_epoch not called; every epoch replays the same order",
-        "pytorch/pytorch-31771", ("set_epoch", "DistributedSampler"), "APIArg (batch content differs across epochs)",
-        launch=TORCHRUN_2,
+        "pytorch/pytorch-31771", ("set_epoch", "DistributedSampler"),
+        "ApiContract (a new sampler epoch per training pass)", launch=TORCHRUN_2,
         cause_class="data order not reshuffled across epochs",
-        gap="the sampler's epoch and indices are not recorded; no rule that an epoch's batches differ from the "
-            "previous epoch's",
     ),
 )

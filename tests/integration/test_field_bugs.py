@@ -34,6 +34,11 @@ EXPECTED_RELATION = {
     "layers_in_python_list": "ModuleRegistration",
     "double_softmax": "LossArguments",
     "mse_broadcast_target": "LossArguments",
+    "detached_backbone_features": "ApiContract",
+    "optimizer_recreated_each_epoch": "ApiContract",
+    "load_prefix_mismatch": "ApiContract",
+    "amp_clip_scaled_grads": "ApiContract",
+    "distributed_sampler_no_set_epoch": "ApiContract",
 }
 
 
