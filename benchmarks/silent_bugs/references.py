@@ -157,6 +157,8 @@ CORPUS: tuple[Reference, ...] = (
               modelled_on="fxia22/pointnet.pytorch train_classification.py + NumPy SeedSequence per worker"),
     Reference("iresnet_flow_spectral", "benchmarks/corpus/iresnet_flow_spectral.py", style="normalizing-flow",
               modelled_on="jhjacobsen/invertible-resnet + rtqichen/residual-flows toy 2-D densities"),
+    Reference("horovod_style_mnist", "benchmarks/corpus/horovod_style_mnist.py", TORCHRUN_2, style="horovod-style",
+              modelled_on="horovod/examples/pytorch/pytorch_mnist.py (on torch.distributed gloo)"),
 )
 
 REFERENCES = REFERENCES + CORPUS
