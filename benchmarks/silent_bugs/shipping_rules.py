@@ -22,7 +22,8 @@ a candidate ships only with evidence that it is a law of training code, not a ha
   loss is never computed in stage S" (a validation loss is good practice), nothing
   about when a state dict is restored or an epoch starts but their contracts
   (``MIN_POSITIVES_RARE_CALLS`` examples are enough there: a run restores and starts
-  epochs a few times, not every step);
+  epochs a few times, not every step), no "a module's forward comes before the loss"
+  (models written with raw tensors have none);
 * **data is not a law**: a module's or a loss's input agreeing across data-parallel
   ranks is refused (each rank pads its own batch), and so is a loss's output dtype
   tied to one of its arguments (float64 targets from numpy make a float64 loss);
@@ -185,6 +186,14 @@ def is_contract_only_habit(invariant: Mapping[str, Any]) -> bool:
     return invariant["relation"] != "ApiContract" and bool(CONTRACT_ONLY_APIS & named)
 
 
+def is_module_before_loss(invariant: Mapping[str, Any]) -> bool:
+    """"A module's forward comes before every loss": a model written with raw tensors and
+    no ``nn.Module`` (makemore, "What is torch.nn really?") computes its loss all the same."""
+    params = invariant["params"]
+    return (invariant["relation"] == "APISequence" and params.get("first") == "torch.nn.Module.forward"
+            and params.get("then") in LOSS_FUNCTIONS)
+
+
 def is_setup_call_agreement(invariant: Mapping[str, Any]) -> bool:
     """"An initialiser's argument is the same on every rank for the same call": calls are
     matched by position, and setup is where one rank may do work the others do not (rank
@@ -287,6 +296,8 @@ def evidence_reasons(invariant: Mapping[str, Any], support: Mapping[str, set[str
         reasons.append("an API's absence from setup: setup may do anything")
     if is_harmless_absence(invariant):
         reasons.append("clearing gradients or computing a loss never called in a stage: harmless anywhere")
+    if is_module_before_loss(invariant):
+        reasons.append("a module forward before a loss: models of raw tensors compute losses too")
     if is_contract_only_habit(invariant):
         reasons.append("when or after what a state dict is restored or an epoch starts: the program's choice")
     if is_setup_call_agreement(invariant):
