@@ -5,10 +5,11 @@ the epoch changes only when the program calls ``sampler.set_epoch(epoch)``; with
 every epoch replays the first epoch's order and batch composition on every rank
 (PyTorch issue 31771), which no loss curve shows.  So each pass of a training loop over
 such a loader (``DataLoader.__iter__`` with gradients enabled and the model in training
-mode) is recorded with the contract ``reshuffles_each_epoch``: the sampler's epoch
-differs from the one of its previous training pass.  Passes without gradients or with
-the model in evaluation mode (accuracy on the training set at the end of an epoch) are
-neither judged nor remembered; loaders whose sampler does not shuffle record nothing.
+mode) that an optimizer step follows is recorded with the contract
+``reshuffles_each_epoch``: the sampler's epoch differs from the one of its previous
+such pass.  Passes without gradients or with the model in evaluation mode (accuracy on
+the training set at the end of an epoch) are neither judged nor remembered; loaders
+whose sampler does not shuffle record nothing.
 """
 
 from __future__ import annotations
@@ -37,29 +38,48 @@ def _shuffling_sampler(loader: Any) -> DistributedSampler | None:
 
 
 class SamplerEpochs:
-    """The epoch each shuffling sampler's previous training pass started from."""
+    """Training passes begun since the last optimizer step, and the epoch each shuffling
+    sampler's previous trained pass started from.
+
+    A pass is judged at the first optimizer step after it begins, against the sampler's
+    previous pass that an optimizer step followed: a loop may peek at a batch first
+    (``next(iter(loader))`` for the batch size, before ``set_epoch``, as PyTorch's DDP
+    tutorial does), and only the pass that training consumes is the epoch."""
 
     def __init__(self) -> None:
         self._last: "weakref.WeakKeyDictionary[DistributedSampler, int]" = weakref.WeakKeyDictionary()
+        self._begun: dict[int, tuple["weakref.ref[DistributedSampler]", int, str]] = {}
 
-    def new_epoch(self, sampler: DistributedSampler) -> bool | None:
-        """Whether a training pass starting now starts a new epoch; None if it cannot tell."""
+    def begun(self, sampler: DistributedSampler, loader_name: str) -> None:
         epoch = getattr(sampler, "epoch", None)
-        if not isinstance(epoch, int):
-            return None
-        last = self._last.get(sampler)
-        self._last[sampler] = epoch
-        return last is None or last != epoch
+        if isinstance(epoch, int):
+            self._begun[id(sampler)] = (weakref.ref(sampler), epoch, loader_name)
+
+    def judge_begun(self) -> list[tuple[str, bool]]:
+        """(loader name, starts a new epoch) of each pass begun since the last step."""
+        if not self._begun:
+            return []
+        verdicts = []
+        for ref, epoch, loader_name in self._begun.values():
+            sampler = ref()
+            if sampler is None:
+                continue
+            last = self._last.get(sampler)
+            self._last[sampler] = epoch
+            verdicts.append((loader_name, last is None or last != epoch))
+        self._begun.clear()
+        return verdicts
 
 
 def patch_dataloader_epochs(tracer: "Tracer") -> PatchHandle:
-    epochs = SamplerEpochs()
-
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         def iterate(loader: Any, *args: Any, **kwargs: Any) -> Any:
             if tracer.enabled and not tracer.busy:
                 try:
-                    _record_pass(tracer, epochs, loader)
+                    sampler = _shuffling_sampler(loader)
+                    if sampler is not None and torch.is_grad_enabled() and not tracer.root_in_eval_mode():
+                        cls = type(loader)
+                        tracer.sampler_epochs.begun(sampler, f"{cls.__module__}.{cls.__qualname__}.__iter__")
                 except Exception as exc:
                     tracer.internal_error("DataLoader pass", exc)
             return original(loader, *args, **kwargs)
@@ -69,14 +89,7 @@ def patch_dataloader_epochs(tracer: "Tracer") -> PatchHandle:
     return patch_attribute(DataLoader, "__iter__", make)
 
 
-def _record_pass(tracer: "Tracer", epochs: SamplerEpochs, loader: Any) -> None:
-    sampler = _shuffling_sampler(loader)
-    if sampler is None or not torch.is_grad_enabled() or tracer.root_in_eval_mode() or tracer.skip_compiled():
-        return
-    new = epochs.new_epoch(sampler)
-    if new is None:
-        return
-    cls = type(loader)
-    token = tracer.begin_call(DATALOADER_EPOCH, f"{cls.__module__}.{cls.__qualname__}.__iter__", {},
-                              contract={"reshuffles_each_epoch": new})
-    tracer.end_call(token)
+def record_trained_passes(tracer: "Tracer") -> None:
+    """At an optimizer step: the passes it trains on, each with its contract."""
+    for name, new in tracer.sampler_epochs.judge_begun():
+        tracer.end_call(tracer.begin_call(DATALOADER_EPOCH, name, {}, contract={"reshuffles_each_epoch": new}))

@@ -36,6 +36,7 @@ from invariants.events import (
 
 from .iterations import Boundary, IterationTracker
 from .grad_clears import HandClears
+from .sampler_epochs import record_trained_passes
 from .selection import INIT_FUNCTIONS
 from .steps import OptimizerCycle
 
@@ -206,6 +207,7 @@ class StepBoundaries:
         return closure_then_step
 
     def _begin_step_call(self, optimizer: torch.optim.Optimizer) -> None:
+        record_trained_passes(self)
         if not self.selection.wants(OPTIMIZER_STEP):
             return
         cls = type(optimizer)

@@ -39,6 +39,7 @@ from .amp_scaling import LossScaleTracker
 from .graph_cuts import GraphCuts
 from .module_facts import FirstForwards, ParameterFree
 from .optimizer_restarts import OptimizerRestarts
+from .sampler_epochs import SamplerEpochs
 from .param_snapshots import SnapshotMemo, snapshot_attrs
 from .params import ParameterRegistry
 from .recorder import StepRecorder
@@ -110,6 +111,7 @@ class Tracer(StepBoundaries, ForwardHooks, StageSwitching, WorkerReports):
         self.restarts = OptimizerRestarts(self.ownership.is_trained)
         self.loss_scale = LossScaleTracker()
         self.graph_cuts = GraphCuts()
+        self.sampler_epochs = SamplerEpochs()
         self._memo = SnapshotMemo()
         self.stage = "init"
         self._explicit_stages: list[str] = []

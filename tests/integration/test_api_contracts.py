@@ -239,3 +239,20 @@ def test_an_optimizer_rebuilt_after_restoring_the_model_from_a_checkpoint_keeps_
                 step(pair[1], critic)
     kept = [c["keeps_optimizer_state"] for c in _contracts(tmp_path, OPTIMIZER_STEP)]
     assert len(kept) == 12 and all(kept)
+
+
+def test_a_peek_at_the_first_batch_before_set_epoch_is_not_the_epochs_pass(tmp_path):
+    """PyTorch's DDP tutorial reads the batch size with ``next(iter(loader))`` before it
+    calls ``set_epoch``: the pass that training consumes is the one judged."""
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    train, sampler = _loader(shuffle=True)
+    with producers.instrument(run_id="r-peek", trace_dir=tmp_path, quiet=True):
+        for epoch in range(3):
+            len(next(iter(train))[0])
+            sampler.set_epoch(epoch)
+            for (x,) in train:
+                optimizer.zero_grad()
+                model(x).pow(2).mean().backward()
+                optimizer.step()
+    assert _contracts(tmp_path, DATALOADER_EPOCH) == [{"reshuffles_each_epoch": True}] * 3
