@@ -54,7 +54,7 @@ class ForwardHooks:
                     if model.training and torch.is_grad_enabled():
                         self.root_forward_signal()
             if torch.is_grad_enabled() or tls.checkpointed:
-                self.graph_cuts.ran(module)
+                self.contracts.graph_cuts.ran(module)
             if not self._record_forward:
                 tls.forward_cids.append(None)
                 return

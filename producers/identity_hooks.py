@@ -88,7 +88,7 @@ def _optimizer_init(tracer: "Tracer") -> Callable[[Callable[..., Any]], Callable
             if tracer.enabled:
                 try:
                     tracer.ownership.optimizer_seen(self, tracer.registry.add_optimizer(self))
-                    tracer.restarts.constructed(self)
+                    tracer.contracts.restarts.constructed(self)
                 except Exception as exc:
                     tracer.internal_error("optimizer construction", exc)
 
@@ -121,7 +121,7 @@ def _load_state_dict(tracer: "Tracer") -> Callable[[Callable[..., Any]], Callabl
                 try:
                     loaded = _loaded_parameters(self, state_dict, placeholders)
                     tracer.ownership.loaded(loaded)
-                    tracer.restarts.restored(loaded)
+                    tracer.contracts.restarts.restored(loaded)
                 except Exception as exc:
                     tracer.internal_error("state dict load", exc)
                 return result

@@ -191,7 +191,7 @@ def _begin(
     optimizer = None
     contract = None
     if spec.api == CLIP_GRAD_NORM:
-        contract = {"unscaled_grads": not tracer.loss_scale.scaled}
+        contract = {"unscaled_grads": not tracer.contracts.loss_scale.scaled}
     if spec.method and args:
         cls = type(args[0])
         name = f"{cls.__module__}.{cls.__qualname__}.{method_suffix}"
@@ -255,7 +255,7 @@ def install(tracer: Tracer, selection: Selection, on_rank_change: Callable[[], N
     if any(selection.wants(api) for api in LOSS_FUNCTIONS):
         handles += install_probability_marks(is_compiling)
     if selection.wants(CLIP_GRAD_NORM):
-        handles += tracer.loss_scale.install()
+        handles += tracer.contracts.loss_scale.install()
     if selection.wants(DATALOADER_EPOCH):
         handles.append(patch_dataloader_epochs(tracer))
     handles.append(patch_jit_script(list(handles)))

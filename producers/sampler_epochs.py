@@ -79,7 +79,7 @@ def patch_dataloader_epochs(tracer: "Tracer") -> PatchHandle:
                     sampler = _shuffling_sampler(loader)
                     if sampler is not None and torch.is_grad_enabled() and not tracer.root_in_eval_mode():
                         cls = type(loader)
-                        tracer.sampler_epochs.begun(sampler, f"{cls.__module__}.{cls.__qualname__}.__iter__")
+                        tracer.contracts.sampler_epochs.begun(sampler, f"{cls.__module__}.{cls.__qualname__}.__iter__")
                 except Exception as exc:
                     tracer.internal_error("DataLoader pass", exc)
             return original(loader, *args, **kwargs)
@@ -91,5 +91,5 @@ def patch_dataloader_epochs(tracer: "Tracer") -> PatchHandle:
 
 def record_trained_passes(tracer: "Tracer") -> None:
     """At an optimizer step: the passes it trains on, each with its contract."""
-    for name, new in tracer.sampler_epochs.judge_begun():
+    for name, new in tracer.contracts.sampler_epochs.judge_begun():
         tracer.end_call(tracer.begin_call(DATALOADER_EPOCH, name, {}, contract={"reshuffles_each_epoch": new}))

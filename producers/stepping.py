@@ -222,8 +222,8 @@ class StepBoundaries:
             OPTIMIZER_STEP, f"{cls.__module__}.{cls.__qualname__}.step", {"self": optimizer},
             extra={"obj": name, "trained": index in self.ownership.stepped, "cleared": cleared},
             optimizer=None if _learning_rate_is_zero(optimizer) else optimizer,
-            contract={"keeps_optimizer_state": self.restarts.keeps_state(optimizer),
-                      "grads_reach_what_ran": self.graph_cuts.reaches_what_ran(optimizer, self.registry.roots())},
+            contract={"keeps_optimizer_state": self.contracts.restarts.keeps_state(optimizer),
+                      "grads_reach_what_ran": self.contracts.graph_cuts.reaches_what_ran(optimizer, self.registry.roots())},
         )
         if token is not None:
             self._open_steps[id(optimizer)] = token
@@ -241,8 +241,8 @@ class StepBoundaries:
             just_taken = token.post_attrs if token is not None else None
             self.loop.optimizer_step_ended()
             self.ownership.optimizer_stepped(optimizer, self.registry.add_optimizer(optimizer))
-            self.restarts.stepped(optimizer)
-            self.graph_cuts.stepped()
+            self.contracts.restarts.stepped(optimizer)
+            self.contracts.graph_cuts.stepped()
             decision = self.cycle.after_step(id(optimizer), self.recorder.position)
             if not self.cycle.learnt:
                 # The step may have ended here; keep what its end snapshot would be.

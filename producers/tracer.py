@@ -35,11 +35,8 @@ from invariants.events import (
     PARAMETER_VTYPE,
 )
 
-from .amp_scaling import LossScaleTracker
-from .graph_cuts import GraphCuts
+from .contract_facts import ContractFacts
 from .module_facts import FirstForwards, ParameterFree
-from .optimizer_restarts import OptimizerRestarts
-from .sampler_epochs import SamplerEpochs
 from .param_snapshots import SnapshotMemo, snapshot_attrs
 from .params import ParameterRegistry
 from .recorder import StepRecorder
@@ -108,10 +105,7 @@ class Tracer(StepBoundaries, ForwardHooks, StageSwitching, WorkerReports):
         self._stats_source = stats_source
         self.registry = ParameterRegistry()
         self.ownership = ParameterOwnership()
-        self.restarts = OptimizerRestarts(self.ownership.is_trained)
-        self.loss_scale = LossScaleTracker()
-        self.graph_cuts = GraphCuts()
-        self.sampler_epochs = SamplerEpochs()
+        self.contracts = ContractFacts.create(self.ownership.is_trained)
         self._memo = SnapshotMemo()
         self.stage = "init"
         self._explicit_stages: list[str] = []

@@ -1,0 +1,31 @@
+"""What the producer keeps to judge the API contracts it evaluates on calls.
+
+Each contract of `invariants.events.CONTRACTS` needs a little memory of the program's
+live objects: which optimizers stepped with state, whether a loss scale is pending,
+which modules ran with gradients since the last step, which sampler passes began.
+They live together here so that the tracer holds one object for all of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .amp_scaling import LossScaleTracker
+from .graph_cuts import GraphCuts
+from .optimizer_restarts import OptimizerRestarts
+from .sampler_epochs import SamplerEpochs
+
+
+@dataclass(frozen=True)
+class ContractFacts:
+    restarts: OptimizerRestarts
+    loss_scale: LossScaleTracker
+    graph_cuts: GraphCuts
+    sampler_epochs: SamplerEpochs
+
+    @classmethod
+    def create(cls, is_trained: Callable[[torch.Tensor], bool]) -> "ContractFacts":
+        return cls(OptimizerRestarts(is_trained), LossScaleTracker(), GraphCuts(), SamplerEpochs())
