@@ -17,9 +17,14 @@ parameter, and the walk over the modules only when some gradient is missing.
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
+
+#: A loop without optimizer steps (hand-written updates) never empties the set; one that
+#: also builds modules as it goes would grow it for ever, so past this size it starts over
+#: (at worst one step is judged on fewer modules: more leniently).
+MAX_REMEMBERED = 65_536
 
 
 class GraphCuts:
@@ -29,19 +34,25 @@ class GraphCuts:
         self._ran: set[int] = set()
 
     def ran(self, module: torch.nn.Module) -> None:
-        self._ran.add(id(module))
+        ran = self._ran
+        if len(ran) >= MAX_REMEMBERED:
+            ran.clear()
+        ran.add(id(module))
 
-    def reaches_what_ran(self, optimizer: torch.optim.Optimizer, roots: Iterable[torch.nn.Module]) -> bool:
-        """False when most of what the optimizer trains and saw run got no gradient."""
-        trainable = [p for group in optimizer.param_groups for p in group.get("params", ()) if p.requires_grad]
-        missing = [p for p in trainable if p.grad is None]
+    def reaches_what_ran(self, optimizer: torch.optim.Optimizer,
+                         roots: Callable[[], Iterable[torch.nn.Module]]) -> bool:
+        """False when most of what the optimizer trains and saw run got no gradient.
+        The common case (every trainable parameter has a gradient) is one pass over them."""
+        missing = [p for group in optimizer.param_groups for p in group.get("params", ())
+                   if p.requires_grad and p.grad is None]
         if not missing:
             return True
         ran = self._ran
         ran_params = {
-            id(param) for root in roots for module in root.modules() if id(module) in ran
+            id(param) for root in roots() for module in root.modules() if id(module) in ran
             for param in module._parameters.values() if param is not None
         }
+        trainable = (p for group in optimizer.param_groups for p in group.get("params", ()) if p.requires_grad)
         total = sum(p.numel() for p in trainable if id(p) in ran_params)
         lost = sum(p.numel() for p in missing if id(p) in ran_params)
         return 2 * lost <= total

@@ -223,7 +223,7 @@ class StepBoundaries:
             extra={"obj": name, "trained": index in self.ownership.stepped, "cleared": cleared},
             optimizer=None if _learning_rate_is_zero(optimizer) else optimizer,
             contract={"keeps_optimizer_state": self.contracts.restarts.keeps_state(optimizer),
-                      "grads_reach_what_ran": self.contracts.graph_cuts.reaches_what_ran(optimizer, self.registry.roots())},
+                      "grads_reach_what_ran": self.contracts.graph_cuts.reaches_what_ran(optimizer, self.registry.roots)},
         )
         if token is not None:
             self._open_steps[id(optimizer)] = token
