@@ -28,6 +28,7 @@ from .relations import ALL_RANKS_REPORT
 from .relations.base import Checking
 from .relations.view import WindowView
 from .relations.baselines import FIRST_ITERATION_STEP, merge_baselines, replication_baseline, tie_baseline
+from .relations.precision import StablePrecision, learn_precisions
 from .relations.stable_variables import variable_counts
 from .window import LISTED_RANKS, FactPlan, WindowState
 
@@ -43,7 +44,7 @@ class RunState:
     """
 
     __slots__ = ("run", "world", "closed_below", "closed_above", "last_step_by_rank", "windows_closed", "violations",
-                 "rank_local", "variable_counts", "ties")
+                 "rank_local", "variable_counts", "ties", "precisions")
 
     def __init__(self, run: str) -> None:
         self.run = run
@@ -60,6 +61,8 @@ class RunState:
         self.variable_counts: dict[str, dict[int, int]] = {}
         #: [alias, primary] pairs of tied variables at step 0 (Consistent scope "aliases")
         self.ties: list[list[str]] = []
+        #: model|module path -> dtypes of its first training forwards (StablePrecision)
+        self.precisions: dict[str, list[str]] = {}
 
     def is_closed(self, step: int) -> bool:
         """A batch for a closed step is late: the caller counts it and drops it."""
@@ -76,7 +79,8 @@ class RunState:
     def to_bytes(self) -> bytes:
         return msgpack.packb(
             [self.run, self.world, self.closed_below, sorted(self.closed_above), self.last_step_by_rank,
-             self.windows_closed, self.violations, self.rank_local, self.variable_counts, self.ties],
+             self.windows_closed, self.violations, self.rank_local, self.variable_counts, self.ties,
+             self.precisions],
             use_bin_type=True,
         )
 
@@ -88,6 +92,7 @@ class RunState:
         counts = rest[1] if len(rest) > 1 else {}
         state.variable_counts = {at: {int(r): n for r, n in per.items()} for at, per in counts.items()}
         state.ties = [list(pair) for pair in rest[2]] if len(rest) > 2 else []
+        state.precisions = {str(key): list(dtypes) for key, dtypes in rest[3].items()} if len(rest) > 3 else {}
         state.world, state.closed_below, state.closed_above = world, below, set(above)
         state.last_step_by_rank = {int(k): v for k, v in last.items()}
         state.windows_closed, state.violations = closed, violations
@@ -134,7 +139,8 @@ class Engine:
         elif window.step == FIRST_ITERATION_STEP:
             run_state.rank_local = merge_baselines(run_state.rank_local,
                                                   replication_baseline(window, before_update=True))
-        view = WindowView(window, run_state.rank_local, run_state.variable_counts, run_state.ties)
+        view = WindowView(window, run_state.rank_local, run_state.variable_counts, run_state.ties,
+                          run_state.precisions)
         found: dict[str, Violation] = {}
         counts: dict[str, int] = {}
         for template, mode in self._checks():
@@ -160,7 +166,13 @@ class Engine:
             if count > 1:
                 found[vid].evidence["sites"] = count
         self._update_run_state(window, run_state, len(violations))
+        if self._learns_precisions():
+            learn_precisions(view, run_state.precisions)
         return violations
+
+    def _learns_precisions(self) -> bool:
+        """Whether a deployed rule reads the precision baseline (only then is it kept)."""
+        return any(template.relation == StablePrecision.relation for template, _ in self._checks())
 
     def _checks(self) -> list[tuple[Any, Checking]]:
         """(template, checking mode) per relation of the deployed set.

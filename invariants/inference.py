@@ -32,6 +32,7 @@ from .precondition_inference import SignatureCache, infer_precondition
 from .relations import TEMPLATES
 from .relations.base import INFER, Template
 from .relations.view import WindowView
+from .relations.precision import learn_precisions
 from .relations.baselines import FIRST_ITERATION_STEP, merge_baselines, replication_baseline, tie_baseline
 from .relations.identity import keyed_on_user_class
 from .relations.stable_variables import variable_counts
@@ -70,6 +71,8 @@ class Inferencer:
         self.rank_local: dict[str, dict[str, list[str]]] = {}
         self.variable_counts: dict[str, dict[str, dict[int, int]]] = {}
         self.ties: dict[str, list[list[str]]] = {}
+        #: run -> model|module path -> dtypes of its first training forwards
+        self.precisions: dict[str, dict[str, list[str]]] = {}
         self._signature = SignatureCache()
         #: per trace: rank-windows seen, and rank-windows per value family (for templates
         #: that only trust families present in most steps of every trace using them)
@@ -90,8 +93,9 @@ class Inferencer:
         elif window.step == FIRST_ITERATION_STEP:
             self.rank_local[window.run] = merge_baselines(
                 self.rank_local.get(window.run), replication_baseline(window, before_update=True))
+        precisions = self.precisions.setdefault(window.run, {})
         view = WindowView(window, self.rank_local.get(window.run), self.variable_counts.get(window.run),
-                          self.ties.get(window.run))
+                          self.ties.get(window.run), precisions)
         for template in self.templates:
             if template.custom_inference:
                 template.infer_observe(view, self.custom.setdefault(template.relation, {}))
@@ -127,6 +131,7 @@ class Inferencer:
                     if evidence is None:
                         evidence = self.boolean[(relation, site.family)] = Evidence()
                     _add(evidence.positive if site.observed else evidence.negative, sig)
+        learn_precisions(view, precisions)
 
     def add_trace(self, batches: Iterable[Batch], *, sorted_by_step: bool = True) -> None:
         """Replay one reference trace.

@@ -30,6 +30,7 @@ PARAMS: dict[str, dict[str, Any]] = {
     "EventContain": {"form": NAME, "api": NAME, "mtype": NAME, "attr": NAME, "effect": NAME, "child": NAME,
                      "args": dict},
     "StableVariables": {"at": NAME},
+    "StablePrecision": {"api": NAME, "prop": NAME},
     "TrainingFlag": {"api": NAME, "mtype": NAME, "stage": NAME, "training": bool, "first_forward": bool,
                      "spectral_norm": NAME, "grad": bool},
 }

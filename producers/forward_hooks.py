@@ -45,6 +45,8 @@ class ForwardHooks:
             tls.depth = depth + 1
             if depth == 0:
                 tls.root_paths = self.registry.add_root(module)
+                index = self.registry.root_index(module)
+                tls.root_obj = None if index is None else f"m{index}"
                 # Only roots with parameters (models) decide the stage: a loss module
                 # called at top level in a validation loop is always in training mode.
                 if self.registry.is_model_root(module):
@@ -87,6 +89,7 @@ class ForwardHooks:
                     "cid": cid,
                     "parent": stack[-1] if stack else None,
                     "module": tls.root_paths.get(id(module)),
+                    "obj": tls.root_obj,
                     "mtype": mtype,
                     "training": module.training,
                     "args": {"0": summarize(args[0], self.registry.name_of)} if args else {},

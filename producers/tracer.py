@@ -67,6 +67,7 @@ class _ThreadState(threading.local):
         self.depth = 0  # module forward nesting depth
         self.forward_cids: list[int | None] = []
         self.root_paths: dict[int, str] = {}
+        self.root_obj: str | None = None  # ``m<i>`` of the model the current forward runs in
         self.checkpointed = 0  # reentrant checkpoint blocks in progress (gradients come later)
 
 

@@ -12,6 +12,7 @@ from .contain import EventContain
 from .contracts import ApiContract
 from .learned_writes import InitSparesLearned
 from .loss_args import LossArguments
+from .precision import StablePrecision
 from .registration import ModuleRegistration
 from .sequence import APISequence
 from .stable_variables import StableVariables
@@ -34,6 +35,7 @@ TEMPLATES: dict[str, Template] = {
         LossArguments(),
         ModuleRegistration(),
         ApiContract(),
+        StablePrecision(),
     )
 }
 

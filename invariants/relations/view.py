@@ -63,7 +63,8 @@ class WindowView:
     """Read-only queries over a `WindowState`, computed once per evaluation."""
 
     def __init__(self, window: WindowState, rank_local: Mapping[str, Any] | None = None,
-                 variable_counts: Mapping[str, Any] | None = None, ties: list | None = None) -> None:
+                 variable_counts: Mapping[str, Any] | None = None, ties: list | None = None,
+                 precisions: Mapping[str, list[str]] | None = None) -> None:
         self.window = window
         self.run = window.run
         self.step = window.step
@@ -74,6 +75,8 @@ class WindowView:
         self.variable_counts: Mapping[str, Any] = variable_counts or {}
         #: [alias, primary] pairs tied at step 0 (see `consistent.tie_baseline`)
         self.ties: list = ties or []
+        #: model|module path -> dtypes it first trained with (see `precision.learn_precisions`)
+        self.precisions: Mapping[str, list[str]] = precisions or {}
         self._ranks: list[int] | None = None
         self._calls: dict[int, list[dict[str, Any]]] = {}
         self._calls_by_api: dict[int, dict[str, list[dict[str, Any]]]] = {}
