@@ -2,7 +2,8 @@
 
 Each contract of `invariants.events.CONTRACTS` needs a little memory of the program's
 live objects: which optimizers stepped with state, whether a loss scale is pending,
-which modules ran with gradients since the last step, which sampler passes began.
+which modules ran with gradients since the last step, which sampler passes began,
+which optimizers have learned and for how many steps their rates have been zero.
 They live together here so that the tracer holds one object for all of them.
 """
 
@@ -15,6 +16,7 @@ import torch
 
 from .amp_scaling import LossScaleTracker
 from .graph_cuts import GraphCuts
+from .learning_rates import LearningRates
 from .optimizer_restarts import OptimizerRestarts
 from .sampler_epochs import SamplerEpochs
 
@@ -25,7 +27,9 @@ class ContractFacts:
     loss_scale: LossScaleTracker
     graph_cuts: GraphCuts
     sampler_epochs: SamplerEpochs
+    learning_rates: LearningRates
 
     @classmethod
     def create(cls, is_trained: Callable[[torch.Tensor], bool]) -> "ContractFacts":
-        return cls(OptimizerRestarts(is_trained), LossScaleTracker(), GraphCuts(), SamplerEpochs())
+        return cls(OptimizerRestarts(is_trained), LossScaleTracker(), GraphCuts(), SamplerEpochs(),
+                   LearningRates())

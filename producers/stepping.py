@@ -36,6 +36,7 @@ from invariants.events import (
 
 from .iterations import Boundary, IterationTracker
 from .grad_clears import HandClears
+from .learning_rates import plain_rates
 from .sampler_epochs import record_trained_passes
 from .selection import INIT_FUNCTIONS
 from .steps import OptimizerCycle
@@ -73,10 +74,9 @@ def _closure_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Callable
 
 
 def _learning_rate_is_zero(optimizer: torch.optim.Optimizer) -> bool:
-    """Only plain-number learning rates are read: a tensor one (capturable optimizers)
-    may live on an accelerator, and reading it would block the step on the device."""
-    rates = [group.get("lr") for group in optimizer.param_groups]
-    return bool(rates) and all(type(rate) in (int, float) and rate == 0 for rate in rates)
+    """Only plain-number learning rates are read (see `learning_rates.plain_rates`)."""
+    rates = plain_rates(optimizer)
+    return rates is not None and all(rate == 0 for rate in rates)
 
 
 class StepBoundaries:
@@ -223,7 +223,8 @@ class StepBoundaries:
             extra={"obj": name, "trained": index in self.ownership.stepped, "cleared": cleared},
             optimizer=None if _learning_rate_is_zero(optimizer) else optimizer,
             contract={"keeps_optimizer_state": self.contracts.restarts.keeps_state(optimizer),
-                      "grads_reach_what_ran": self.contracts.graph_cuts.reaches_what_ran(optimizer, self.registry.roots)},
+                      "grads_reach_what_ran": self.contracts.graph_cuts.reaches_what_ran(optimizer, self.registry.roots),
+                      "keeps_learning": self.contracts.learning_rates.keeps_learning(optimizer)},
         )
         if token is not None:
             self._open_steps[id(optimizer)] = token

@@ -30,6 +30,8 @@ DESCRIPTIONS: dict[str, str] = {
                              "with gradients"),
     "reshuffles_each_epoch": ("a training pass of {api} over a shuffling DistributedSampler starts a new epoch "
                               "(set_epoch was called since the previous pass)"),
+    "keeps_learning": ("{api} never runs twice in a row with every learning rate at zero once it has run with a "
+                       "positive one"),
 }
 HINTS: dict[str, str] = {
     "unscaled_grads": ("the gradients are still multiplied by the loss scale (65536 to start with): the clip sees a "
@@ -47,6 +49,9 @@ HINTS: dict[str, str] = {
     "reshuffles_each_epoch": ("DistributedSampler shuffles with seed + epoch, and its epoch changes only through "
                               "sampler.set_epoch(epoch): without it every epoch replays the same order and batches; "
                               "call set_epoch at the start of each epoch"),
+    "keeps_learning": ("every learning rate is 0 again after training began, so each step changes nothing: a "
+                       "schedule sized for fewer steps than the run (num_training_steps computed for one epoch, a "
+                       "LambdaLR clamped at 0), or a rate overwritten with 0"),
 }
 
 

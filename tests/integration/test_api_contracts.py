@@ -256,3 +256,21 @@ def test_a_peek_at_the_first_batch_before_set_epoch_is_not_the_epochs_pass(tmp_p
                 model(x).pow(2).mean().backward()
                 optimizer.step()
     assert _contracts(tmp_path, DATALOADER_EPOCH) == [{"reshuffles_each_epoch": True}] * 3
+
+
+def test_steps_at_a_zero_learning_rate_after_learning_break_the_contract_from_the_second_one(tmp_path):
+    model = _model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    # warm-up from zero, two steps of learning, a schedule that ends after step 3
+    rates = [0.0, 0.0, 1e-3, 5e-4, 0.0, 0.0, 0.0, 1e-3, 0.0]
+    capturable = torch.optim.Adam(_model().parameters(), lr=torch.tensor(0.0))
+    with producers.instrument(run_id="r-lr", trace_dir=tmp_path, quiet=True):
+        for rate in rates:
+            for group in optimizer.param_groups:
+                group["lr"] = rate
+            optimizer.zero_grad()
+            _backward(model)
+            optimizer.step()
+        capturable.step()  # a tensor rate is not read (it may live on an accelerator)
+    kept = [c["keeps_learning"] for c in _contracts(tmp_path, OPTIMIZER_STEP)]
+    assert kept == [True, True, True, True, True, False, False, True, True, None]
