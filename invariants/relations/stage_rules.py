@@ -178,6 +178,10 @@ class APIAbsent(Template):
         return f"{params['api']} is not called in stage {params['stage']!r} {when}"
 
     def hint(self, params: Mapping[str, Any]) -> str:
+        if params["after_step"] < 0 and params["stage"] == "eval":  # a training-loop API in evaluation
+            return (f"{params['api']} ran while the model was in {params['stage']} mode: a model.eval() (validation, "
+                    "a metric pass) was never undone with model.train(), so dropout and batch-norm statistics are off "
+                    "while it trains")
         return (f"{params['api']} ran again mid-{params['stage']}: initialisation or seeding code inside the loop "
                 "(e.g. a model/optimizer re-created, weights re-initialised, RNG re-seeded every step)")
 

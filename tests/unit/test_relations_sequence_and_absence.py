@@ -3,6 +3,7 @@ training loop out of evaluation."""
 
 from __future__ import annotations
 
+from invariants.relations import TEMPLATES
 from invariants.synthetic import SyntheticRun
 from tests.support.relation_batches import check, find, learned
 
@@ -25,3 +26,11 @@ def test_training_loop_api_absent_from_eval_stage():
                     event["stage"] = "eval"
     violations = [v for v in check([inv], batches)]
     assert [(v.step, v.ranks, v.stage) for v in violations] == [(4, [0], "eval")]
+
+
+def test_the_hint_of_a_training_call_in_evaluation_points_at_eval_mode_left_on():
+    template = TEMPLATES["APIAbsent"]
+    left_on = template.hint({"api": "torch.optim.Optimizer.step", "stage": "eval", "after_step": -1})
+    assert "model.train()" in left_on and "seeding" not in left_on
+    again = template.hint({"api": "torch.nn.init.normal_", "stage": "train", "after_step": 0})
+    assert "re-initialised" in again
