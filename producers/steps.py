@@ -9,7 +9,10 @@ hindsight, so the tracker tells the session where to cut retroactively.
 Training may switch optimizers (Adam, then LBFGS fine-tuning).  An optimizer outside
 the cycle that steps twice while no cycle optimizer stepped in between replaces the
 cycle, cut the same retroactive way; one that steps now and then next to the cycle
-(an auxiliary head) does not.
+(an auxiliary head) does not.  A cycle whose *last* optimizer stopped stepping (a GAN
+whose generator and its optimizer were built again) would never end a step: when the
+cycle's first optimizer steps again with no step ended since its previous step, the
+optimizers that stepped in between become the cycle, cut after the last of them.
 """
 
 from __future__ import annotations
@@ -36,9 +39,19 @@ class OptimizerCycle:
     _last_post_position: int | None = None
     #: optimizers outside the learnt cycle that stepped in the open step -> post position
     _foreign_posts: dict[int, int] = field(default_factory=dict)
+    #: (optimizer, post position) of every step since the cycle's first optimizer last
+    #: stepped in the open step (None: it has not)
+    _since_first: list[tuple[int, int]] | None = None
 
     def before_step(self, optimizer_id: int) -> CycleDecision:
         if self.learnt:
+            if optimizer_id == self.order[0] and len(self.order) > 1:
+                stale = self._since_first
+                self._since_first = []
+                if stale:  # a whole cycle went by and no step ended: its last optimizer left
+                    self.order = list(dict.fromkeys(opt for opt, _ in stale))
+                    self._foreign_posts.clear()
+                    return CycleDecision(end_step=True, cut_at=stale[-1][1])
             if optimizer_id in self.order:
                 self._foreign_posts.clear()
                 return CycleDecision()
@@ -61,6 +74,8 @@ class OptimizerCycle:
         if not self.learnt:
             self._last_post_position = buffer_position
             return CycleDecision()
+        if self._since_first is not None:
+            self._since_first.append((optimizer_id, buffer_position))
         if self.order and optimizer_id == self.order[-1]:
             return CycleDecision(end_step=True)
         if optimizer_id not in self.order:
@@ -70,6 +85,7 @@ class OptimizerCycle:
     def step_ended(self) -> None:
         """Positions are per open step: forget those of the step that just ended."""
         self._foreign_posts.clear()
+        self._since_first = None
 
     @property
     def pending_cut(self) -> int | None:

@@ -112,6 +112,18 @@ def test_optimizer_cycle_state_machine():
     decision = gan.before_step(1)
     assert decision.end_step and decision.cut_at == 9 and gan.order == [1, 2]
     assert not gan.after_step(1, 3).end_step and gan.after_step(2, 7).end_step
+    gan.step_ended()
+    # the generator and its optimizer (3) are built again: 2 never steps again
+    assert not gan.before_step(1).end_step and not gan.after_step(1, 2).end_step
+    assert not gan.before_step(3).end_step and not gan.after_step(3, 6).end_step
+    decision = gan.before_step(1)
+    assert decision.end_step and decision.cut_at == 6 and gan.order == [1, 3]
+    assert not gan.after_step(1, 2).end_step and gan.after_step(3, 5).end_step
+    gan.step_ended()
+    # a second optimizer that steps only every other iteration leaves the cycle to the first
+    assert not gan.before_step(1).end_step and not gan.after_step(1, 4).end_step
+    decision = gan.before_step(1)
+    assert decision.end_step and decision.cut_at == 4 and gan.order == [1]
 
 
 def test_a_loss_module_called_in_validation_does_not_flip_the_stage(tmp_path):
