@@ -46,3 +46,22 @@ def test_a_module_with_dropout_scripts_trains_and_eager_dropout_is_still_recorde
     (batches,) = read_trace_dir(tmp_path).values()
     dropouts = [e for b in batches for e in b["events"] if e["kind"] == "call" and e["api"] == DROPOUT]
     assert len([e for e in dropouts if e["phase"] == "pre"]) == 3  # the eager model's, one per step
+
+
+def _plus_one(x: int) -> int:
+    return x + 1
+
+
+class _Counter:
+    """A scripted class calling a module-level function, as torch.distributed.optim's are."""
+
+    def __init__(self, n: int) -> None:
+        self.n = _plus_one(n)
+
+
+def test_a_scripted_class_resolves_names_in_its_callers_frame(tmp_path):
+    with producers.instrument(run_id="r-script-class", trace_dir=tmp_path, quiet=True):
+        counter = torch.jit.script(_Counter)
+        assert counter(1).n == 2
+        by_position = torch.jit.script(_Counter, None, 0)
+        assert by_position(2).n == 3
