@@ -18,6 +18,9 @@
     argument values: ``{"form": "call", "api": "torch.nn.Module.forward", "mtype": "Dropout",
     "child": "torch.nn.functional.dropout", "args": {"training": false}}`` if ``stage = eval``.
     Inferred argument values are flags only: ``p = 0.5`` is a hyperparameter, not a law.
+    Layers with a fused inference path (`identity.FAST_PATH_LAYERS`) are not judged in
+    evaluation mode without gradients: there torch may run a ``TransformerEncoderLayer``
+    as one native kernel that calls none of its sub-layers.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from ..window import FactPlan
 from .base import Lazy, Mode, Site, Template, reportable
+from .identity import may_take_fast_path
 from .view import SIGNIFICANT_GRAD_RATIO, SnapshotRecord, WindowView, freeze, is_scalar, thaw
 
 STATE_EFFECTS = (("data_digest", "changes"), ("data_digest", "preserves"), ("grad_digest", "cleared"))
@@ -176,6 +180,8 @@ class EventContain(Template):
                 api = call["api"]
                 family = ("call", api, call.get("mtype") or "")
                 if checking and family not in families:
+                    continue
+                if may_take_fast_path(call):
                     continue
                 children = view.children(rank)  # cached per rank by the view
                 observed: set[Any] = set()

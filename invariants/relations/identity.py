@@ -104,3 +104,18 @@ def call_facts(call: Mapping[str, Any]) -> list[tuple[str, frozenset[str] | None
 def same_objects(earlier: frozenset[str] | None, later: frozenset[str] | None) -> bool:
     """Whether two facts may be about the same optimizer (None: about any)."""
     return earlier is None or later is None or not earlier.isdisjoint(later)
+
+
+#: torch layers whose forward may run one fused native kernel instead of their
+#: sub-layers (the "fast path" of transformer encoders and attention: only in
+#: evaluation mode without gradients, among other conditions)
+FAST_PATH_LAYERS = frozenset({"TransformerEncoderLayer", "TransformerEncoder", "MultiheadAttention"})
+
+
+def may_take_fast_path(call: Mapping[str, Any]) -> bool:
+    """Whether a module call may have skipped its sub-layers for a fused kernel: what it
+    contains then says nothing about the layer."""
+    if call.get("mtype") not in FAST_PATH_LAYERS:
+        return False
+    ctx = call.get("ctx")
+    return call.get("training") is not True and not (isinstance(ctx, dict) and ctx.get("grad") is True)
