@@ -242,6 +242,8 @@ class WindowState:
             fact["cleared"] = event.cleared
         if event.learned.__class__ is bool:
             fact["learned"] = event.learned
+        if event.backprop.__class__ is bool:
+            fact["backprop"] = event.backprop
         ctx = payload(event.ctx)
         if ctx.__class__ is dict:
             fact["ctx"] = ctx

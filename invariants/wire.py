@@ -69,12 +69,14 @@ class CallEvent(_Envelope, tag="call"):
     #: the receiver's stable id (``opt<i>``, ``m<i>``), the optimizers a
     #: ``Module.zero_grad`` clears, whether an initialiser's target was trained or held
     #: learned values (trained, or loaded from a state dict), and whether an optimizer's
-    #: gradients were cleared since its previous step
+    #: gradients were cleared since its previous step, and whether any backward pass ran
+    #: in the process before an optimizer step (``backprop``)
     obj: Any = None
     clears: Any = None
     trained: Any = None
     cleared: Any = None
     learned: Any = None
+    backprop: Any = None
 
 
 class StateEvent(_Envelope, tag="state"):

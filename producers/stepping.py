@@ -92,6 +92,7 @@ class StepBoundaries:
         self.hand_clears = HandClears()
         #: optimizers (``opt<i>``) whose gradients were cleared since their last step
         self._cleared_since_step: set[str] = set()
+        self._backward_ran = False  # any backward pass in this process so far
         #: buffer position where the open window's non-training tail began (None once the
         #: window trains): what a later switch to ``eval`` relabels
         self._tail_start: int | None = None
@@ -106,6 +107,7 @@ class StepBoundaries:
         if api in BACKWARD_APIS or api == OPTIMIZER_STEP:
             self._record_hand_clears()
             if api in BACKWARD_APIS:
+                self._backward_ran = True
                 self.hand_clears.backward_ran()
         if self._stepping:
             return
@@ -220,7 +222,8 @@ class StepBoundaries:
         self._cleared_since_step.discard(name)
         token = self.begin_call(
             OPTIMIZER_STEP, f"{cls.__module__}.{cls.__qualname__}.step", {"self": optimizer},
-            extra={"obj": name, "trained": index in self.ownership.stepped, "cleared": cleared},
+            extra={"obj": name, "trained": index in self.ownership.stepped, "cleared": cleared,
+                   "backprop": self._backward_ran},
             optimizer=None if _learning_rate_is_zero(optimizer) else optimizer,
             contract={"keeps_optimizer_state": self.contracts.restarts.keeps_state(optimizer),
                       "grads_reach_what_ran": self.contracts.graph_cuts.reaches_what_ran(optimizer, self.registry.roots),

@@ -19,6 +19,9 @@ Ordering rules are the noisiest template, so this one is pruned hard:
   (``Optimizer.zero_grad`` on opt1, or a ``Module.zero_grad`` whose ``clears`` holds
   opt1: equivalent operations are one fact, see `identity`); calls without ids match
   every optimizer, as in traces of older producers;
+* a step whose call says no backward pass ever ran in its process (``backprop`` false:
+  gradients computed with ``torch.func``/``autograd.grad`` and assigned, DP-SGD style)
+  is not judged on a backward before it;
 * a step whose call says its optimizer was ``cleared`` since its previous step counts
   as preceded by that clear, even when it sits in the previous window (optimizers that
   each clear right after their own step: the window ends after the last one);
@@ -41,6 +44,7 @@ from __future__ import annotations
 from typing import Any, Iterator, Mapping
 
 from ..events import (
+    BACKWARD_APIS,
     GRAD_CLEAR_API,
     MODULE_EVAL,
     MODULE_FORWARD,
@@ -97,6 +101,9 @@ class APISequence(Template):
             # step) has had its clear, wherever the window boundary fell
             carried = {fact for call in top_level if call["api"] == OPTIMIZER_STEP and call.get("cleared") is True
                        for fact in call_facts(call)}
+            without_backprop = {fact for call in top_level
+                                if call["api"] == OPTIMIZER_STEP and call.get("backprop") is False
+                                for fact in call_facts(call)}
             counts: dict[str, int] = {}
             for api, _ in facts:
                 counts[api] = counts.get(api, 0) + 1
@@ -116,6 +123,8 @@ class APISequence(Template):
                                    if (checking or api in eligible) and api != then and same_objects(earlier, objects))
                 if (then, objects) in carried:
                     before |= {OPTIMIZER_ZERO_GRAD}
+                if (then, objects) in without_backprop:
+                    before |= BACKWARD_APIS
                 if record is None:
                     record = {"stage": view.rank_stage(rank), "step_is_first": view.step == 0}
                 yield Site(

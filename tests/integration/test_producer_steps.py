@@ -167,3 +167,27 @@ def test_an_auxiliary_optimizer_next_to_the_cycle_does_not_split_steps():
             assert not cycle.before_step(9).end_step
             assert not cycle.after_step(9, position * 10 + 5).end_step
     assert cycle.order == [1]
+
+
+def test_optimizer_steps_say_whether_any_backward_pass_ran_before_them(tmp_path):
+    model = nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    params = dict(model.named_parameters())
+
+    def loss_of(p, x):
+        return torch.func.functional_call(model, p, (x,)).pow(2).mean()
+
+    with producers.instrument(run_id="r-backprop", trace_dir=tmp_path, quiet=True):
+        for step in range(4):
+            x = torch.randn(4, 3)
+            optimizer.zero_grad()
+            if step < 2:  # gradients from torch.func, assigned by hand (DP-SGD style)
+                grads = torch.func.grad(loss_of)({k: v.detach() for k, v in params.items()}, x)
+                for name, p in params.items():
+                    p.grad = grads[name]
+            else:
+                model(x).pow(2).mean().backward()
+            optimizer.step()
+    steps = [e for _, e in trace_events(trace_batches(tmp_path))
+             if e.get("api") == "torch.optim.Optimizer.step" and e["phase"] == "pre"]
+    assert [e["backprop"] for e in steps] == [False, False, True, True]

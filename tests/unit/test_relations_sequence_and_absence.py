@@ -34,3 +34,32 @@ def test_the_hint_of_a_training_call_in_evaluation_points_at_eval_mode_left_on()
     assert "model.train()" in left_on and "seeding" not in left_on
     again = template.hint({"api": "torch.nn.init.normal_", "stage": "train", "after_step": 0})
     assert "re-initialised" in again
+
+
+def _plain(step, *, backward=True, backprop=True):
+    from invariants.events import make_batch
+    events, cid = [], step * 100
+    for api, extra in (("torch.optim.Optimizer.zero_grad", {"obj": "opt0"}), ("torch.Tensor.backward", {}),
+                       ("torch.optim.Optimizer.step", {"obj": "opt0", "trained": step > 1, "backprop": backprop})):
+        if api == "torch.Tensor.backward" and not backward:
+            continue
+        cid += 2
+        base = {"kind": "call", "pid": 1, "tid": 1, "stage": "train", "name": api, "api": api, "cid": cid,
+                "parent": None, **extra}
+        events += [dict(base, t=cid, phase="pre", args={}, ctx={"grad": True}), dict(base, t=cid + 1, phase="post")]
+    events.append({"kind": "step", "t": cid + 50, "pid": 1, "tid": 1, "stage": "train", "phase": "end",
+                   "trained": True})
+    return make_batch(run="seq", rank=0, world=1, step=step, seq=step, events=events)
+
+
+def test_steps_of_a_process_that_never_ran_backward_are_not_judged_on_one():
+    from invariants.inference import Inferencer
+    inferencer = Inferencer(["APISequence"])
+    inferencer.add_trace([_plain(s) for s in range(8)])
+    rules = [inv for inv in inferencer.finish() if inv.params == {"first": "torch.Tensor.backward",
+                                                                   "then": "torch.optim.Optimizer.step"}]
+    assert rules
+    functional = [_plain(s, backward=False, backprop=False) for s in range(8)]  # torch.func gradients
+    assert check(rules, functional) == []
+    dropped = [_plain(s, backward=s < 4) for s in range(8)]  # backward forgotten from step 4 on
+    assert [v.step for v in check(rules, dropped)] == [4, 5, 6, 7]
