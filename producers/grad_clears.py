@@ -7,7 +7,11 @@ a time.  That is the same fact as a ``zero_grad``: without it, "gradients are cl
 before each backward" fires on every such healthy loop, and the iteration such a clear
 ends goes unseen.  So a hand clear is
 
-* a loop signal at once (after a backward it ends the iteration, as ``zero_grad`` does);
+* a loop signal at once (after a backward it ends the iteration, as ``zero_grad`` does),
+  except between a backward and the optimizer step that uses it: there clearing some
+  parameters' gradients freezes them for that step (DINO's last layer in its first
+  epoch), and only a clear that empties an optimizer's every gradient skips the step
+  and ends the iteration;
 * one ``torch.Tensor.grad_clear`` call per iteration, recorded just before the next
   backward or optimizer step, when it is known which optimizers it cleared entirely:
   ``clears`` lists those whose every parameter had its gradient cleared or has none.
@@ -39,6 +43,10 @@ class HandClears:
         self._cleared: dict[int, torch.Tensor] = {}
         #: grad tensor address -> its parameter, rebuilt lazily after each backward
         self._grad_owners: dict[int, torch.Tensor] | None = None
+        #: per optimizer, its parameters whose gradients are not cleared yet, and which
+        #: optimizers hold each parameter (built at the first clear that asks)
+        self._uncleared: dict[str, int] | None = None
+        self._holders: dict[int, list[str]] = {}
 
     def backward_ran(self) -> None:
         self._grad_owners = None
@@ -48,6 +56,22 @@ class HandClears:
         first = not self._cleared
         self._cleared[id(param)] = param
         return first
+
+    def empties_an_optimizer(self, param: torch.Tensor,
+                             optimizers: Callable[[], Iterable[tuple[str, list[torch.Tensor]]]]) -> bool:
+        """Whether clearing ``param`` (already noted) left some optimizer with no gradient
+        at all; ``optimizers`` is called once per batch of clears."""
+        if self._uncleared is None:
+            self._uncleared, self._holders = {}, {}
+            for name, params in optimizers():
+                pending = [p for p in params if p.grad is not None and id(p) not in self._cleared]
+                self._uncleared[name] = len(pending)
+                for p in params:
+                    self._holders.setdefault(id(p), []).append(name)
+        else:
+            for name in self._holders.pop(id(param), ()):
+                self._uncleared[name] -= 1
+        return any(count <= 0 for count in self._uncleared.values())
 
     def param_of_grad(self, tensor: torch.Tensor, params: Callable[[], Iterable[torch.Tensor]]) -> torch.Tensor | None:
         """The parameter whose ``.grad`` ``tensor`` is (or views through ``.data``);
@@ -71,6 +95,7 @@ class HandClears:
             return None
         cleared = self._cleared
         self._cleared = {}
+        self._uncleared, self._holders = None, {}
         return [
             name for name, params in optimizers
             if params and all(id(p) in cleared or p.grad is None for p in params)

@@ -93,6 +93,8 @@ class StepBoundaries:
         #: optimizers (``opt<i>``) whose gradients were cleared since their last step
         self._cleared_since_step: set[str] = set()
         self._backward_ran = False  # any backward pass in this process so far
+        self._backward_since_step = False  # a backward ran since the last optimizer step
+        self._skip_signalled = False  # a hand clear already ended this iteration (a skipped step)
         #: buffer position where the open window's non-training tail began (None once the
         #: window trains): what a later switch to ``eval`` relabels
         self._tail_start: int | None = None
@@ -107,8 +109,11 @@ class StepBoundaries:
         if api in BACKWARD_APIS or api == OPTIMIZER_STEP:
             self._record_hand_clears()
             if api in BACKWARD_APIS:
-                self._backward_ran = True
+                self._backward_ran = self._backward_since_step = True
+                self._skip_signalled = False
                 self.hand_clears.backward_ran()
+            else:
+                self._backward_since_step = False
         if self._stepping:
             return
         position = self.recorder.position
@@ -128,11 +133,21 @@ class StepBoundaries:
 
     def grad_cleared_by_hand(self, param: torch.Tensor) -> None:
         """``param.grad = None`` or ``param.grad.zero_()`` written by user code: the
-        first such clear since the last backward is a loop signal, like ``zero_grad``."""
-        if self.hand_clears.note(param) and not self._stepping:
-            self._tail_start = None
-            self._apply(self.loop.loop_start(
-                self.recorder.position, zero_grad=True, optimizer_known=self.ownership.optimizer_known))
+        first such clear since the last backward is a loop signal, like ``zero_grad`` —
+        between a backward and its optimizer step, only once an optimizer's gradients
+        are all cleared (a skipped step; clearing a few freezes them for the step)."""
+        first = self.hand_clears.note(param)
+        if self._stepping:
+            return
+        if self._backward_since_step and self.ownership.optimizer_known:
+            if self._skip_signalled or not self.hand_clears.empties_an_optimizer(param, self.ownership.live_optimizers):
+                return
+            self._skip_signalled = True
+        elif not first:
+            return
+        self._tail_start = None
+        self._apply(self.loop.loop_start(
+            self.recorder.position, zero_grad=True, optimizer_known=self.ownership.optimizer_known))
 
     def note_clears(self, api: str, extra: dict[str, Any]) -> None:
         """Remember which optimizers a recorded call cleared (their next step says so)."""

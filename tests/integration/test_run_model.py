@@ -149,6 +149,29 @@ def test_clearing_gradients_without_a_step_ends_an_iteration(tmp_path):
     assert (_run_end(batches)["iterations"], _run_end(batches)["optimizer_steps"]) == (3, 0)
 
 
+def test_clearing_some_gradients_between_backward_and_step_freezes_them_and_ends_nothing(tmp_path):
+    """DINO freezes its last layer in the first epoch with ``p.grad = None`` between the
+    backward and the step; a clear of every gradient there is a skipped step."""
+    with producers.instrument(run_id="partial-clear", trace_dir=tmp_path):
+        model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        for iteration in range(6):
+            optimizer.zero_grad()
+            model(torch.randn(4, 3)).sum().backward()
+            if iteration < 3:
+                for p in model[2].parameters():
+                    p.grad = None  # the last layer is frozen for this step
+            if iteration == 4:  # a skipped step: every gradient cleared, no step
+                for p in model.parameters():
+                    p.grad = None
+                continue
+            optimizer.step()
+    batches = _batches(tmp_path)
+    assert (_run_end(batches)["iterations"], _run_end(batches)["optimizer_steps"]) == (6, 5)
+    steps = [step for step, _ in _calls(batches, "torch.optim.Optimizer.step")]
+    assert steps == [1, 2, 3, 4, 6]  # window 5 is the skipped step
+
+
 def test_gradient_accumulation_is_one_iteration_per_step(tmp_path):
     with producers.instrument(run_id="accum", trace_dir=tmp_path):
         model = nn.Linear(3, 1)
