@@ -23,6 +23,7 @@ backward are not hand clears and are not seen here.
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import torch
@@ -100,6 +101,20 @@ class HandClears:
             name for name, params in optimizers
             if params and all(id(p) in cleared or p.grad is None for p in params)
         ]
+
+
+def cleared_inside_optimizer_update() -> bool:
+    """Whether the code clearing gradients is a method of an optimizer other than its
+    ``zero_grad``: sharpness-aware minimisation's ``first_step`` perturbs the weights and
+    clears the gradients for a second backward pass of the same iteration.  A loop's own
+    clear, or a wrapper optimizer's ``zero_grad`` handing on to the one it wraps, is
+    called from elsewhere."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] == "producers":
+        frame = frame.f_back
+    if frame is None or frame.f_code.co_name == "zero_grad":
+        return False
+    return isinstance(frame.f_locals.get("self"), torch.optim.Optimizer)
 
 
 def hand_clear_allowed(tracer: "Tracer") -> bool:

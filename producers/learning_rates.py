@@ -29,6 +29,12 @@ def plain_rates(optimizer: torch.optim.Optimizer) -> list[float] | None:
     return rates
 
 
+def all_rates_zero(optimizer: torch.optim.Optimizer) -> bool:
+    """Every group's (plain-number) learning rate is zero: its step changes nothing."""
+    rates = plain_rates(optimizer)
+    return rates is not None and all(rate == 0 for rate in rates)
+
+
 class LearningRates:
     """Per optimizer: whether it has stepped with a positive rate, and its zero streak."""
 

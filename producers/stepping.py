@@ -17,8 +17,7 @@ the work had effect: gradients produced, then the update.
 
 from __future__ import annotations
 
-import sys
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import torch
 
@@ -35,32 +34,16 @@ from invariants.events import (
 )
 
 from .iterations import Boundary, IterationTracker
-from .grad_clears import HandClears
-from .learning_rates import plain_rates
+from .call_state import CallToken
+from .grad_clears import HandClears, cleared_inside_optimizer_update
+from .learning_rates import all_rates_zero
 from .sampler_epochs import record_trained_passes
 from .selection import INIT_FUNCTIONS
 from .steps import OptimizerCycle
 
-if TYPE_CHECKING:
-    from .tracer import CallToken
-
 ZERO_GRAD_APIS = frozenset({OPTIMIZER_ZERO_GRAD, MODULE_ZERO_GRAD})
 SETUP_APIS = frozenset({*INIT_FUNCTIONS, PARAM_OVERWRITE})
 REFRESH_EVERY_STEPS = 16
-
-
-def cleared_inside_optimizer_update() -> bool:
-    """Whether the code clearing gradients is a method of an optimizer other than its
-    ``zero_grad``: sharpness-aware minimisation's ``first_step`` perturbs the weights and
-    clears the gradients for a second backward pass of the same iteration.  A loop's own
-    clear, or a wrapper optimizer's ``zero_grad`` handing on to the one it wraps, is
-    called from elsewhere."""
-    frame = sys._getframe(1)
-    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] == "producers":
-        frame = frame.f_back
-    if frame is None or frame.f_code.co_name == "zero_grad":
-        return False
-    return isinstance(frame.f_locals.get("self"), torch.optim.Optimizer)
 
 
 def _closure_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Callable[..., Any] | None, bool]:
@@ -71,12 +54,6 @@ def _closure_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Callable
     if len(args) > 1 and callable(args[1]):
         return args[1], False
     return None, False
-
-
-def _learning_rate_is_zero(optimizer: torch.optim.Optimizer) -> bool:
-    """Only plain-number learning rates are read (see `learning_rates.plain_rates`)."""
-    rates = plain_rates(optimizer)
-    return rates is not None and all(rate == 0 for rate in rates)
 
 
 class StepBoundaries:
@@ -239,7 +216,7 @@ class StepBoundaries:
             OPTIMIZER_STEP, f"{cls.__module__}.{cls.__qualname__}.step", {"self": optimizer},
             extra={"obj": name, "trained": index in self.ownership.stepped, "cleared": cleared,
                    "backprop": self._backward_ran},
-            optimizer=None if _learning_rate_is_zero(optimizer) else optimizer,
+            optimizer=None if all_rates_zero(optimizer) else optimizer,
             contract={"keeps_optimizer_state": self.contracts.restarts.keeps_state(optimizer),
                       "grads_reach_what_ran": self.contracts.graph_cuts.reaches_what_ran(optimizer, self.registry.roots),
                       "keeps_learning": self.contracts.learning_rates.keeps_learning(optimizer)},

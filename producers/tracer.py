@@ -35,6 +35,7 @@ from invariants.events import (
     PARAMETER_VTYPE,
 )
 
+from .call_state import CallToken, ThreadState
 from .contract_facts import ContractFacts
 from .module_facts import FirstForwards, ParameterFree
 from .param_snapshots import SnapshotMemo, snapshot_attrs
@@ -55,35 +56,6 @@ SNAPSHOT_APIS = frozenset({OPTIMIZER_STEP, OPTIMIZER_ZERO_GRAD})
 def is_compiling() -> bool:
     # Spelled exactly like this so that dynamo folds it to a constant while tracing.
     return torch.compiler.is_compiling()
-
-
-class _ThreadState(threading.local):
-    """Per-thread bookkeeping; a fresh instance appears in every thread."""
-
-    def __init__(self) -> None:
-        self.stack: list[int] = []  # cids of recorded calls in progress
-        self.groups: set[str] = set()  # wrapper groups in progress (suppress nesting)
-        self.busy = False  # the tracer itself is running torch code
-        self.depth = 0  # module forward nesting depth
-        self.forward_cids: list[int | None] = []
-        self.root_paths: dict[int, str] = {}
-        self.root_obj: str | None = None  # ``m<i>`` of the model the current forward runs in
-        self.checkpointed = 0  # reentrant checkpoint blocks in progress (gradients come later)
-
-
-class CallToken:
-    """What a wrapper needs to close the call it opened."""
-
-    __slots__ = ("cid", "api", "name", "snapshot_of", "restore_stage", "group", "post_attrs")
-
-    def __init__(self, cid: int, api: str, name: str) -> None:
-        self.cid = cid
-        self.api = api
-        self.name = name
-        self.snapshot_of: torch.optim.Optimizer | None = None
-        self.restore_stage: str | None = None
-        self.group: str | None = None
-        self.post_attrs: list[tuple[Any, dict[str, Any]]] | None = None
 
 
 class Tracer(StepBoundaries, ForwardHooks, StageSwitching, WorkerReports):
@@ -110,7 +82,7 @@ class Tracer(StepBoundaries, ForwardHooks, StageSwitching, WorkerReports):
         self._memo = SnapshotMemo()
         self.stage = "init"
         self._explicit_stages: list[str] = []
-        self._tls = _ThreadState()
+        self._tls = ThreadState()
         self._cids = itertools.count(1)
         self.pid = os.getpid()
         self.enabled = True
@@ -353,7 +325,7 @@ class Tracer(StepBoundaries, ForwardHooks, StageSwitching, WorkerReports):
         """A forked child (DataLoader worker) inherits our state: make it quiet and fresh."""
         self.enabled = False
         self.pid = os.getpid()
-        self._tls = _ThreadState()
+        self._tls = ThreadState()
         self._init_boundaries()
         self._memo = SnapshotMemo()
         self.active = False

@@ -1,0 +1,41 @@
+"""The per-thread state of a `Tracer` and the token of a call it opened.
+
+Kept apart from the tracer so that the modules of its mixins (step boundaries, forward
+hooks) can name them without importing the tracer.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+
+
+class ThreadState(threading.local):
+    """Per-thread bookkeeping; a fresh instance appears in every thread."""
+
+    def __init__(self) -> None:
+        self.stack: list[int] = []  # cids of recorded calls in progress
+        self.groups: set[str] = set()  # wrapper groups in progress (suppress nesting)
+        self.busy = False  # the tracer itself is running torch code
+        self.depth = 0  # module forward nesting depth
+        self.forward_cids: list[int | None] = []
+        self.root_paths: dict[int, str] = {}
+        self.root_obj: str | None = None  # ``m<i>`` of the model the current forward runs in
+        self.checkpointed = 0  # reentrant checkpoint blocks in progress (gradients come later)
+
+
+class CallToken:
+    """What a wrapper needs to close the call it opened."""
+
+    __slots__ = ("cid", "api", "name", "snapshot_of", "restore_stage", "group", "post_attrs")
+
+    def __init__(self, cid: int, api: str, name: str) -> None:
+        self.cid = cid
+        self.api = api
+        self.name = name
+        self.snapshot_of: torch.optim.Optimizer | None = None
+        self.restore_stage: str | None = None
+        self.group: str | None = None
+        self.post_attrs: list[tuple[Any, dict[str, Any]]] | None = None
