@@ -116,7 +116,6 @@ def main():
     parser.add_argument("--micro-batch", type=int, default=8)
     args = parser.parse_args()
 
-    local_rank = int(os.environ["LOCAL_RANK"])
     rank = int(os.environ["RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo")
