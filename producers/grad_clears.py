@@ -44,10 +44,12 @@ class HandClears:
         self._cleared: dict[int, torch.Tensor] = {}
         #: grad tensor address -> its parameter, rebuilt lazily after each backward
         self._grad_owners: dict[int, torch.Tensor] | None = None
-        #: per optimizer, its parameters whose gradients are not cleared yet, and which
-        #: optimizers hold each parameter (built at the first clear that asks)
+        #: per optimizer, how many of its gradients are still there; which optimizers hold
+        #: each of those parameters; the optimizers the clears reached (built at the
+        #: first clear that asks)
         self._uncleared: dict[str, int] | None = None
         self._holders: dict[int, list[str]] = {}
+        self._reached: set[str] = set()
 
     def backward_ran(self) -> None:
         self._grad_owners = None
@@ -60,19 +62,26 @@ class HandClears:
 
     def empties_an_optimizer(self, param: torch.Tensor,
                              optimizers: Callable[[], Iterable[tuple[str, list[torch.Tensor]]]]) -> bool:
-        """Whether clearing ``param`` (already noted) left some optimizer with no gradient
-        at all; ``optimizers`` is called once per batch of clears."""
+        """Whether the clears since the last backward (``param``'s included, already
+        noted) took away every gradient of an optimizer they reached; ``optimizers`` is
+        called once per batch of clears.  An optimizer the clears never touched (one
+        whose turn to backward has not come in this iteration) is not emptied by them."""
         if self._uncleared is None:
-            self._uncleared, self._holders = {}, {}
+            self._uncleared, self._holders, self._reached = {}, {}, set()
             for name, params in optimizers():
-                pending = [p for p in params if p.grad is not None and id(p) not in self._cleared]
-                self._uncleared[name] = len(pending)
+                remaining = 0
                 for p in params:
-                    self._holders.setdefault(id(p), []).append(name)
+                    if id(p) in self._cleared:
+                        self._reached.add(name)
+                    elif p.grad is not None:
+                        remaining += 1
+                        self._holders.setdefault(id(p), []).append(name)
+                self._uncleared[name] = remaining
         else:
             for name in self._holders.pop(id(param), ()):
                 self._uncleared[name] -= 1
-        return any(count <= 0 for count in self._uncleared.values())
+                self._reached.add(name)
+        return any(self._uncleared[name] == 0 for name in self._reached)
 
     def param_of_grad(self, tensor: torch.Tensor, params: Callable[[], Iterable[torch.Tensor]]) -> torch.Tensor | None:
         """The parameter whose ``.grad`` ``tensor`` is (or views through ``.data``);
@@ -96,7 +105,7 @@ class HandClears:
             return None
         cleared = self._cleared
         self._cleared = {}
-        self._uncleared, self._holders = None, {}
+        self._uncleared, self._holders, self._reached = None, {}, set()
         return [
             name for name, params in optimizers
             if params and all(id(p) in cleared or p.grad is None for p in params)

@@ -172,6 +172,27 @@ def test_clearing_some_gradients_between_backward_and_step_freezes_them_and_ends
     assert steps == [1, 2, 3, 4, 6]  # window 5 is the skipped step
 
 
+def test_a_partial_clear_does_not_empty_an_optimizer_whose_backward_comes_later(tmp_path):
+    """A GAN-like iteration: the generator's last layer is frozen between its backward
+    and its step while the discriminator's optimizer holds no gradient yet."""
+    with producers.instrument(run_id="partial-clear-two", trace_dir=tmp_path):
+        gen = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 3))
+        disc = nn.Linear(3, 1)
+        opt_g = torch.optim.SGD(gen.parameters(), lr=0.1)
+        opt_d = torch.optim.SGD(disc.parameters(), lr=0.1)
+        for _ in range(4):
+            opt_g.zero_grad()
+            gen(torch.randn(4, 3)).pow(2).mean().backward()
+            for p in gen[2].parameters():
+                p.grad = None
+            opt_g.step()
+            opt_d.zero_grad()
+            disc(torch.randn(4, 3)).mean().backward()
+            opt_d.step()
+    batches = _batches(tmp_path)
+    assert (_run_end(batches)["iterations"], _run_end(batches)["optimizer_steps"]) == (4, 8)
+
+
 def test_gradient_accumulation_is_one_iteration_per_step(tmp_path):
     with producers.instrument(run_id="accum", trace_dir=tmp_path):
         model = nn.Linear(3, 1)
