@@ -61,7 +61,7 @@ class RunState:
         self.variable_counts: dict[str, dict[int, int]] = {}
         #: [alias, primary] pairs of tied variables at step 0 (Consistent scope "aliases")
         self.ties: list[list[str]] = []
-        #: model|module path -> dtypes of its first training forwards (StablePrecision)
+        #: model|module path -> dtypes of its previous training iteration (StablePrecision)
         self.precisions: dict[str, list[str]] = {}
 
     def is_closed(self, step: int) -> bool:

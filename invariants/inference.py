@@ -71,7 +71,7 @@ class Inferencer:
         self.rank_local: dict[str, dict[str, list[str]]] = {}
         self.variable_counts: dict[str, dict[str, dict[int, int]]] = {}
         self.ties: dict[str, list[list[str]]] = {}
-        #: run -> model|module path -> dtypes of its first training forwards
+        #: run -> model|module path -> dtypes of its previous training iteration
         self.precisions: dict[str, dict[str, list[str]]] = {}
         self._signature = SignatureCache()
         #: per trace: rank-windows seen, and rank-windows per value family (for templates

@@ -71,8 +71,13 @@ def module_key(call: Mapping[str, Any]) -> str | None:
 
 def training_precisions(view: WindowView, rank: int) -> dict[str, set[str]]:
     """module key -> the floating dtypes its training forwards returned on one rank, in
-    a training iteration (nothing for any other window)."""
-    found: dict[str, set[str]] = {}
+    a training iteration (nothing for any other window).  Computed once per window and
+    rank: the check and the baseline's update after it read the same map."""
+    per_rank = view.derived.setdefault("training_precisions", {})
+    found = per_rank.get(rank)
+    if found is not None:
+        return found
+    found = per_rank[rank] = {}
     if view.step < FIRST_ITERATION_STEP or view.facts(rank).trained is not True:
         return found
     for call in view.calls_by_api(rank).get(MODULE_FORWARD, ()):

@@ -75,8 +75,11 @@ class WindowView:
         self.variable_counts: Mapping[str, Any] = variable_counts or {}
         #: [alias, primary] pairs tied at step 0 (see `consistent.tie_baseline`)
         self.ties: list = ties or []
-        #: model|module path -> dtypes it first trained with (see `precision.learn_precisions`)
+        #: model|module path -> dtypes of its previous training iteration (`precision`)
         self.precisions: Mapping[str, list[str]] = precisions or {}
+        #: what a template derives from this window and the run's baselines then reuse
+        #: after the checks (module precisions per rank): computed once per evaluation
+        self.derived: dict[str, Any] = {}
         self._ranks: list[int] | None = None
         self._calls: dict[int, list[dict[str, Any]]] = {}
         self._calls_by_api: dict[int, dict[str, list[dict[str, Any]]]] = {}
