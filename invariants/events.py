@@ -247,13 +247,16 @@ DATALOADER_EPOCH = "torch.utils.data.DataLoader.__iter__"
 #: parameters an optimizer step holds whose layers ran with gradients since the previous
 #: step, most (by size) have a gradient (no ``.detach()`` cut them off the loss);
 #: ``keeps_learning`` — an optimizer that has stepped with a positive learning rate does
-#: not step twice in a row with every rate at zero (a schedule that ended early).
+#: not step twice in a row with every rate at zero (a schedule that ended early);
+#: ``keeps_trained_weights`` — an optimizer does not step on with its state for weights that
+#: a ``Module.load_state_dict`` has set back to their values before their first update.
 CONTRACTS: dict[str, str] = {
     "unscaled_grads": CLIP_GRAD_NORM,
     "replaces_weights": MODULE_LOAD_STATE_DICT,
     "keeps_optimizer_state": OPTIMIZER_STEP,
     "grads_reach_what_ran": OPTIMIZER_STEP,
     "keeps_learning": OPTIMIZER_STEP,
+    "keeps_trained_weights": OPTIMIZER_STEP,
     "reshuffles_each_epoch": DATALOADER_EPOCH,
 }
 

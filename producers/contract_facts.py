@@ -3,7 +3,8 @@
 Each contract of `invariants.events.CONTRACTS` needs a little memory of the program's
 live objects: which optimizers stepped with state, whether a loss scale is pending,
 which modules ran with gradients since the last step, which sampler passes began,
-which optimizers have learned and for how many steps their rates have been zero.
+which optimizers have learned and for how many steps their rates have been zero,
+what each parameter held before its first update.
 They live together here so that the tracer holds one object for all of them.
 """
 
@@ -19,6 +20,7 @@ from .graph_cuts import GraphCuts
 from .learning_rates import LearningRates
 from .optimizer_restarts import OptimizerRestarts
 from .sampler_epochs import SamplerEpochs
+from .weight_rewinds import WeightRewinds
 
 
 @dataclass(frozen=True)
@@ -28,8 +30,9 @@ class ContractFacts:
     graph_cuts: GraphCuts
     sampler_epochs: SamplerEpochs
     learning_rates: LearningRates
+    rewinds: WeightRewinds
 
     @classmethod
     def create(cls, is_trained: Callable[[torch.Tensor], bool]) -> "ContractFacts":
         return cls(OptimizerRestarts(is_trained), LossScaleTracker(), GraphCuts(), SamplerEpochs(),
-                   LearningRates())
+                   LearningRates(), WeightRewinds())

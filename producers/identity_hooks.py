@@ -17,7 +17,9 @@
 * Every ``Module.load_state_dict``: the parameters it filled from the state dict hold
   learned values from then on, so an initialiser that runs after the load (a model's
   own ``init_weights`` called once too often) is known to destroy them.  The load is
-  recorded with its contract ``replaces_weights`` (see `_replaces_weights`).
+  recorded with its contract ``replaces_weights`` (see `_replaces_weights`), and
+  compared with what its parameters held before their first update
+  (`producers.weight_rewinds`), as is every ``Optimizer.load_state_dict`` after it.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ def install_identity_hooks(tracer: "Tracer", record_writes: bool, record_clears:
     handles: list[Any] = [
         _RegistrationHandle(register_module_parameter_registration_hook(_registration_hook(tracer))),
         patch_attribute(torch.optim.Optimizer, "__init__", _optimizer_init(tracer)),
+        patch_attribute(torch.optim.Optimizer, "load_state_dict", _optimizer_load_state_dict(tracer)),
         patch_attribute(torch.nn.Module, "load_state_dict", _load_state_dict(tracer)),
     ]
     if record_writes:
@@ -97,6 +100,22 @@ def _optimizer_init(tracer: "Tracer") -> Callable[[Callable[..., Any]], Callable
     return make
 
 
+def _optimizer_load_state_dict(tracer: "Tracer") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        def load_state_dict(self: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+            result = original(self, *args, **kwargs)
+            if tracer.enabled:
+                try:
+                    tracer.contracts.rewinds.state_restored(self)
+                except Exception as exc:
+                    tracer.internal_error("optimizer state load", exc)
+            return result
+
+        return load_state_dict
+
+    return make
+
+
 def _load_state_dict(tracer: "Tracer") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         def load_state_dict(self: torch.nn.Module, state_dict: Any, *args: Any, **kwargs: Any) -> Any:
@@ -107,6 +126,7 @@ def _load_state_dict(tracer: "Tracer") -> Callable[[Callable[..., Any]], Callabl
             try:
                 try:
                     placeholders = _meta_parameter_names(self)
+                    before = tracer.contracts.rewinds.before_load(self) if outermost else []
                     if outermost and tracer.selection.wants(MODULE_LOAD_STATE_DICT) and not tracer.skip_compiled():
                         token = _begin_load(tracer, self, state_dict)
                 except Exception as exc:
@@ -122,6 +142,7 @@ def _load_state_dict(tracer: "Tracer") -> Callable[[Callable[..., Any]], Callabl
                     loaded = _loaded_parameters(self, state_dict, placeholders)
                     tracer.ownership.loaded(loaded)
                     tracer.contracts.restarts.restored(loaded)
+                    tracer.contracts.rewinds.after_load(before)
                 except Exception as exc:
                     tracer.internal_error("state dict load", exc)
                 return result

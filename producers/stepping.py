@@ -209,6 +209,8 @@ class StepBoundaries:
         # by design: it is recorded, but not bracketed by snapshots that rules about
         # updates would judge.  ``trained`` is false at an optimizer's first step.
         index = self.registry.add_optimizer(optimizer)
+        if index not in self.ownership.stepped:
+            self.contracts.rewinds.first_step(optimizer)
         name = optimizer_id(index)
         cleared = name in self._cleared_since_step
         self._cleared_since_step.discard(name)
@@ -219,7 +221,8 @@ class StepBoundaries:
             optimizer=None if all_rates_zero(optimizer) else optimizer,
             contract={"keeps_optimizer_state": self.contracts.restarts.keeps_state(optimizer),
                       "grads_reach_what_ran": self.contracts.graph_cuts.reaches_what_ran(optimizer, self.registry.roots),
-                      "keeps_learning": self.contracts.learning_rates.keeps_learning(optimizer)},
+                      "keeps_learning": self.contracts.learning_rates.keeps_learning(optimizer),
+                      "keeps_trained_weights": self.contracts.rewinds.keeps_trained_weights(optimizer)},
         )
         if token is not None:
             self._open_steps[id(optimizer)] = token

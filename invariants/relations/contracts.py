@@ -32,6 +32,8 @@ DESCRIPTIONS: dict[str, str] = {
                               "(set_epoch was called since the previous pass)"),
     "keeps_learning": ("{api} never runs twice in a row with every learning rate at zero once it has run with a "
                        "positive one"),
+    "keeps_trained_weights": ("{api} never steps on with its state (moments, momentum) for trained weights that "
+                              "load_state_dict has set back to their values before training"),
 }
 HINTS: dict[str, str] = {
     "unscaled_grads": ("the gradients are still multiplied by the loss scale (65536 to start with): the clip sees a "
@@ -52,6 +54,10 @@ HINTS: dict[str, str] = {
     "keeps_learning": ("every learning rate is 0 again after training began, so each step changes nothing: a "
                        "schedule sized for fewer steps than the run (num_training_steps computed for one epoch, a "
                        "LambdaLR clamped at 0), or a rate overwritten with 0"),
+    "keeps_trained_weights": ("load_state_dict put trained weights back to where training started (a pretrained or "
+                              "initial checkpoint loaded inside the training loop, a reset meant for a new fold) and "
+                              "training went on with the old optimizer state: load it once before training; to start "
+                              "over on purpose, build a new optimizer or load its state_dict too"),
 }
 
 

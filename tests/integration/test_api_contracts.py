@@ -273,3 +273,57 @@ def test_steps_at_a_zero_learning_rate_after_learning_break_the_contract_from_th
         capturable.step()  # a tensor rate is not read (it may live on an accelerator)
     kept = [c["keeps_learning"] for c in _contracts(tmp_path, OPTIMIZER_STEP)]
     assert kept == [True, True, True, True, True, False, False, True, True, None]
+
+
+def _kept_weights(tmp_path) -> list:
+    return [c["keeps_trained_weights"] for c in _contracts(tmp_path, OPTIMIZER_STEP)]
+
+
+def _train(model: nn.Module, optimizer: torch.optim.Optimizer, steps: int) -> None:
+    for _ in range(steps):
+        optimizer.zero_grad()
+        _backward(model)
+        optimizer.step()
+
+
+def test_trained_weights_loaded_back_to_their_initial_values_break_the_contract_at_the_next_step(tmp_path):
+    """The "load the pretrained tower" line inside the epoch loop: from the second epoch
+    the weights start over while Adam keeps its moments."""
+    model = _model()
+    initial = copy.deepcopy(model.state_dict())
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    with producers.instrument(run_id="r-rewind", trace_dir=tmp_path, quiet=True):
+        for _ in range(3):
+            model.load_state_dict(initial)
+            _train(model, optimizer, 2)
+    assert _kept_weights(tmp_path) == [True, True, False, True, False, True]
+
+
+def test_restores_that_do_not_rewind_trained_weights_under_a_stateful_optimizer_keep_the_contract(tmp_path):
+    model = _model()
+    initial = copy.deepcopy(model.state_dict())
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
+    frozen = _model()
+    frozen[0].requires_grad_(False)
+    frozen_initial = copy.deepcopy(frozen[0].state_dict())
+    frozen_optimizer = torch.optim.AdamW(frozen.parameters(), lr=1e-2)
+    plain = torch.optim.SGD(model.parameters(), lr=1e-2)
+    with producers.instrument(run_id="r-restores", trace_dir=tmp_path, quiet=True):
+        _train(model, optimizer, 2)
+        best = copy.deepcopy(model.state_dict())
+        _train(model, optimizer, 2)
+        model.load_state_dict(best)  # a rollback to a later checkpoint
+        _train(model, optimizer, 1)
+        started = copy.deepcopy(optimizer.state_dict())
+        model.load_state_dict(initial)  # an LR finder's reset: the optimizer's state comes back too
+        optimizer.load_state_dict(started)
+        _train(model, optimizer, 1)
+        model.load_state_dict(initial)  # a new fold: a new optimizer
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+        _train(model, optimizer, 2)
+        model.load_state_dict(initial)  # an optimizer that keeps no state
+        _train(model, plain, 1)
+        _train(frozen, frozen_optimizer, 2)
+        frozen[0].load_state_dict(frozen_initial)  # the frozen part reloaded: it never moved
+        _train(frozen, frozen_optimizer, 1)
+    assert _kept_weights(tmp_path) == [True] * 12
