@@ -1,19 +1,20 @@
 """Programs written apart from the reference corpus, run zero-config as a user would.
 
-    python benchmarks/outside/run.py [--suite bugs_a|bugs_b|healthy_a|healthy_b ...] [--only NAME ...]
-                                     [--work DIR] [--write-results]
+    python benchmarks/outside/run.py [--suite bugs_a|bugs_b|bugs_c|healthy_a|healthy_b|healthy_c ...]
+                                     [--only NAME ...] [--work DIR] [--jobs N] [--write-results]
 
-Four suites of small training programs, each modelled on a named public program or bug
+Six suites of small training programs, each modelled on a named public program or bug
 report (their docstrings say which), written without looking at the references or the
 silent-bug benchmark:
 
-* ``bugs_a``, ``bugs_b``: a bug that starts partway (the program prints ``ONSET step
-  K`` at its first buggy optimizer step, 0-based) and a healthy twin (``--healthy``);
-* ``healthy_a``, ``healthy_b``: healthy programs in styles and frameworks the
-  references do not use.
+* ``bugs_a``, ``bugs_b``, ``bugs_c``: a bug that starts partway (the program prints
+  ``ONSET step K`` at its first buggy optimizer step, 0-based) and a healthy twin
+  (``--healthy``);
+* ``healthy_a``, ``healthy_b``, ``healthy_c``: healthy programs in styles and
+  frameworks the references do not use.
 
-``bugs_a`` and ``healthy_a`` came first; what they showed was fixed before ``bugs_b``
-and ``healthy_b`` were written, so the ``_b`` suites are the out-of-sample figures.
+Each batch was written after what the previous one showed had been fixed, so the
+latest batch (``_c``) is the out-of-sample figure; the earlier ones are in sample.
 Each program runs under ``trainwatch collect`` (two gloo ranks where it sets up
 ``torch.distributed``) and is judged by ``trainwatch check`` with the shipped default
 set.  A bug counts as caught when a violation falls in its onset window (K + 1: window
@@ -29,12 +30,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-SUITES = ("bugs_a", "bugs_b", "healthy_a", "healthy_b")
+SUITES = ("bugs_a", "bugs_b", "bugs_c", "healthy_a", "healthy_b", "healthy_c")
 TRAINWATCH = (sys.executable, "-m", "trainwatch.cli")
 ONSET = re.compile(r"ONSET.*?(?:step|iteration) (\d+)")
 TIMEOUT_S = 600
@@ -124,28 +126,31 @@ def write_results(text: str, command: str) -> None:
     RESULTS_FILE.write_text(current)
 
 
+def _run_program(suite: str, program: Path, work: Path) -> dict:
+    target = work / suite / program.stem
+    shutil.rmtree(target, ignore_errors=True)
+    (target / "bug").mkdir(parents=True)
+    (target / "healthy").mkdir(parents=True)
+    row = run_bug(program, target) if suite.startswith("bugs") else run_healthy(program, target)
+    print(json.dumps(row), flush=True)
+    return row
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--suite", action="append", choices=SUITES, help="suites to run (default: all)")
     parser.add_argument("--only", nargs="+", help="program names (stems) to run")
     parser.add_argument("--work", type=Path, help="where traces go (default: a temporary directory)")
+    parser.add_argument("--jobs", type=int, default=1, help="programs run at once (a distributed one takes 2 cores)")
     parser.add_argument("--write-results", action="store_true", help="replace the block in benchmarks/RESULTS.md")
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="tw-outside-"))
     sections = []
-    for suite in args.suite or SUITES:
-        rows = []
-        for program in sorted((HERE / suite).glob("*.py")):
-            if args.only and program.stem not in args.only:
-                continue
-            target = work / suite / program.stem
-            shutil.rmtree(target, ignore_errors=True)
-            (target / "bug").mkdir(parents=True)
-            (target / "healthy").mkdir(parents=True)
-            row = run_bug(program, target) if suite.startswith("bugs") else run_healthy(program, target)
-            print(json.dumps(row), flush=True)
-            rows.append(row)
-        sections.append(table(suite, rows))
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        for suite in args.suite or SUITES:
+            programs = [p for p in sorted((HERE / suite).glob("*.py")) if not args.only or p.stem in args.only]
+            rows = list(pool.map(lambda program, suite=suite: _run_program(suite, program, work), programs))
+            sections.append(table(suite, rows))
     text = "\n\n".join(sections)
     print(text)
     if args.write_results:
