@@ -60,7 +60,7 @@ class Verdict:
 
 def _is_distributed(program: Path) -> bool:
     source = program.read_text()
-    return "init_process_group" in source or "LOCAL_RANK" in source or "ddp" in program.stem
+    return "init_process_group" in source or "LOCAL_RANK" in source or "ddp" in program.stem.split("_")
 
 
 def _run(program: Path, work: Path, *flags: str) -> tuple[Verdict, int | None]:
