@@ -249,7 +249,9 @@ DATALOADER_EPOCH = "torch.utils.data.DataLoader.__iter__"
 #: ``keeps_learning`` — an optimizer that has stepped with a positive learning rate does
 #: not step twice in a row with every rate at zero (a schedule that ended early);
 #: ``keeps_trained_weights`` — an optimizer does not step on with its state for weights that
-#: a ``Module.load_state_dict`` has set back to their values before their first update.
+#: a ``Module.load_state_dict`` has set back to their values before their first update;
+#: ``optimizes_unfrozen`` — a parameter frozen when training began that takes a gradient
+#: later (unfrozen) is held by an optimizer.
 CONTRACTS: dict[str, str] = {
     "unscaled_grads": CLIP_GRAD_NORM,
     "replaces_weights": MODULE_LOAD_STATE_DICT,
@@ -257,6 +259,7 @@ CONTRACTS: dict[str, str] = {
     "grads_reach_what_ran": OPTIMIZER_STEP,
     "keeps_learning": OPTIMIZER_STEP,
     "keeps_trained_weights": OPTIMIZER_STEP,
+    "optimizes_unfrozen": OPTIMIZER_STEP,
     "reshuffles_each_epoch": DATALOADER_EPOCH,
 }
 

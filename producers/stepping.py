@@ -222,7 +222,9 @@ class StepBoundaries:
             contract={"keeps_optimizer_state": self.contracts.restarts.keeps_state(optimizer),
                       "grads_reach_what_ran": self.contracts.graph_cuts.reaches_what_ran(optimizer, self.registry.roots),
                       "keeps_learning": self.contracts.learning_rates.keeps_learning(optimizer),
-                      "keeps_trained_weights": self.contracts.rewinds.keeps_trained_weights(optimizer)},
+                      "keeps_trained_weights": self.contracts.rewinds.keeps_trained_weights(optimizer),
+                      "optimizes_unfrozen": self.contracts.unfrozen.optimizes_unfrozen(
+                          self.registry.roots(), self.ownership.live_optimizers)},
         )
         if token is not None:
             self._open_steps[id(optimizer)] = token

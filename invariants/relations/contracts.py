@@ -34,6 +34,8 @@ DESCRIPTIONS: dict[str, str] = {
                        "positive one"),
     "keeps_trained_weights": ("{api} never steps on with its state (moments, momentum) for trained weights that "
                               "load_state_dict has set back to their values before training"),
+    "optimizes_unfrozen": ("{api} runs only where every parameter unfrozen since training began that takes a "
+                           "gradient is held by an optimizer"),
 }
 HINTS: dict[str, str] = {
     "unscaled_grads": ("the gradients are still multiplied by the loss scale (65536 to start with): the clip sees a "
@@ -58,6 +60,11 @@ HINTS: dict[str, str] = {
                               "initial checkpoint loaded inside the training loop, a reset meant for a new fold) and "
                               "training went on with the old optimizer state: load it once before training; to start "
                               "over on purpose, build a new optimizer or load its state_dict too"),
+    "optimizes_unfrozen": ("parameters were unfrozen (requires_grad=True) after the optimizers were built and now take "
+                           "gradients, but no optimizer holds them, so they never change: an optimizer built over the "
+                           "trainable parameters only (Hugging Face Trainer, a requires_grad filter) does not see later "
+                           "unfreezing; add them with optimizer.add_param_group (Lightning: "
+                           "BaseFinetuning.unfreeze_and_add_param_group) or build the optimizer again"),
 }
 
 

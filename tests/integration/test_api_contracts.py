@@ -327,3 +327,50 @@ def test_restores_that_do_not_rewind_trained_weights_under_a_stateful_optimizer_
         frozen[0].load_state_dict(frozen_initial)  # the frozen part reloaded: it never moved
         _train(frozen, frozen_optimizer, 1)
     assert _kept_weights(tmp_path) == [True] * 12
+
+
+def _unfrozen(tmp_path) -> list:
+    return [c["optimizes_unfrozen"] for c in _contracts(tmp_path, OPTIMIZER_STEP)]
+
+
+def test_layers_unfrozen_after_an_optimizer_over_trainable_parameters_was_built_break_the_contract_once(tmp_path):
+    """Hugging Face Trainer's optimizer holds only what was trainable when it was built:
+    a gradual-unfreezing callback makes the backbone take gradients nothing applies."""
+    model = _model()
+    model[0].requires_grad_(False)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    with producers.instrument(run_id="r-unfreeze", trace_dir=tmp_path, quiet=True):
+        _train(model, optimizer, 2)
+        model[0].requires_grad_(True)
+        _train(model, optimizer, 3)
+    assert _unfrozen(tmp_path) == [True, True, False, True, True]
+
+
+def test_unfreezing_into_an_optimizer_and_freezing_a_discriminator_per_update_keep_the_contract(tmp_path):
+    model = _model()
+    model[0].requires_grad_(False)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    everything = _model()
+    everything[0].requires_grad_(False)
+    held_from_start = torch.optim.SGD(everything.parameters(), lr=1e-2, momentum=0.9)
+    generator, critic = _model(), nn.Sequential(nn.Linear(1, 4), nn.ReLU(), nn.Linear(4, 1))
+    opt_g = torch.optim.Adam(generator.parameters(), lr=1e-3)
+    opt_c = torch.optim.Adam(critic.parameters(), lr=1e-3)
+    with producers.instrument(run_id="r-unfreeze-ok", trace_dir=tmp_path, quiet=True):
+        _train(model, optimizer, 1)
+        model[0].requires_grad_(True)
+        optimizer.add_param_group({"params": list(model[0].parameters()), "lr": 1e-4})
+        _train(model, optimizer, 1)
+        _train(everything, held_from_start, 1)
+        everything[0].requires_grad_(True)
+        _train(everything, held_from_start, 1)
+        for _ in range(2):  # CycleGAN's set_requires_grad(netD, False) around the generator's update
+            critic.requires_grad_(False)
+            opt_g.zero_grad()
+            critic(generator(torch.randn(8, 4))).mean().backward()
+            opt_g.step()
+            critic.requires_grad_(True)
+            opt_c.zero_grad()
+            critic(generator(torch.randn(8, 4)).detach()).mean().backward()
+            opt_c.step()
+    assert _unfrozen(tmp_path) == [True] * 8
