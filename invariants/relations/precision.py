@@ -17,7 +17,11 @@ second model) starts its own baseline, a new model instance is a new model (a sw
 trains once in float32 and once under autocast), and the setup window and windows
 without an update (evaluation, a dry run to build lazy modules) neither judge nor teach.
 A module run both ways on purpose (a float32 auxiliary pass next to the autocast one)
-changes nothing as long as one of its dtypes stays.  The baseline is bounded
+changes nothing as long as one of its dtypes stays, and mixed precision switched on
+mid-run (a float32 warm-up, then ``torch.autocast``) is a change towards the active
+autocast dtype, not a loss: a module whose forwards all return the dtype of the autocast
+region they ran in is not judged.  A cast of the weights (``.half()``) runs outside
+autocast and stays judged.  The baseline is bounded
 (`MAX_BASELINE_MODULES` modules per run); modules beyond it are not judged.
 
 No precondition, no context: the rule is about a run against itself, in any precision.
@@ -73,11 +77,24 @@ def training_precisions(view: WindowView, rank: int) -> dict[str, set[str]]:
     """module key -> the floating dtypes its training forwards returned on one rank, in
     a training iteration (nothing for any other window).  Computed once per window and
     rank: the check and the baseline's update after it read the same map."""
+    return _window_precisions(view, rank)[0]
+
+
+def autocast_outputs(view: WindowView, rank: int) -> set[str]:
+    """Module keys whose every training forward in the window returned the dtype of the
+    autocast region it ran in: mixed precision switched on (after a float32 warm-up)
+    changes their dtype on purpose, and the rule is about precision *lost*."""
+    return _window_precisions(view, rank)[1]
+
+
+def _window_precisions(view: WindowView, rank: int) -> tuple[dict[str, set[str]], set[str]]:
     per_rank = view.derived.setdefault("training_precisions", {})
     found = per_rank.get(rank)
     if found is not None:
         return found
-    found = per_rank[rank] = {}
+    dtypes_by_key: dict[str, set[str]] = {}
+    cast_by_key: dict[str, bool] = {}
+    per_rank[rank] = found = (dtypes_by_key, set())
     if view.step < FIRST_ITERATION_STEP or view.facts(rank).trained is not True:
         return found
     for call in view.calls_by_api(rank).get(MODULE_FORWARD, ()):
@@ -89,7 +106,9 @@ def training_precisions(view: WindowView, rank: int) -> dict[str, set[str]]:
         dtype = output_dtype(call.get("ret"))
         key = module_key(call) if dtype is not None else None
         if key is not None:
-            found.setdefault(key, set()).add(dtype)
+            dtypes_by_key.setdefault(key, set()).add(dtype)  # type: ignore[arg-type]
+            cast_by_key[key] = cast_by_key.get(key, True) and ctx.get("autocast") == dtype
+    found[1].update(key for key, cast in cast_by_key.items() if cast)
     return found
 
 
@@ -118,11 +137,12 @@ class StablePrecision(Template):
             return
         checking = mode.checking
         for rank in view.ranks():
+            switched_on = autocast_outputs(view, rank)
             for key, dtypes in training_precisions(view, rank).items():
                 known = baseline.get(key)
                 if known is None:
                     continue
-                holds = not dtypes.isdisjoint(known)
+                holds = not dtypes.isdisjoint(known) or key in switched_on
                 if holds and checking:
                     continue
                 root, _, path = key.partition("|")

@@ -17,18 +17,19 @@ from tests.support.relation_batches import check
 T = {"T": "tensor", "shape": [8, 4], "device": "cpu", "requires_grad": True}
 
 
-def _forward(cid, path, dtype, *, model="m0", training=True, grad=True, mtype="Linear"):
+def _forward(cid, path, dtype, *, model="m0", training=True, grad=True, mtype="Linear", autocast=None):
     base = {"kind": "call", "pid": 1, "tid": 1, "stage": "train", "name": f"torch.nn.{mtype}.forward",
             "api": MODULE_FORWARD, "cid": cid, "parent": None, "module": path, "mtype": mtype, "training": training}
-    ctx = {"grad": grad, "autocast": "bfloat16" if dtype == "bfloat16" else None, "training": training}
+    ctx = {"grad": grad, "autocast": autocast or ("bfloat16" if dtype == "bfloat16" else None), "training": training}
     out = dict(T, dtype=dtype)
     return [dict(base, t=cid, phase="pre", obj=model, args={"0": dict(T, dtype="float32")}, ctx=ctx),
             dict(base, t=cid + 1, phase="post", ret=out if dtype else [{"T": "tensor", "dtype": "int64"}])]
 
 
-def _step(step, dtype="bfloat16", *, extra=(), model="m0", eval_fp32=True, trained=True):
+def _step(step, dtype="bfloat16", *, extra=(), model="m0", eval_fp32=True, trained=True, autocast=None):
     cid = step * 100
-    events = _forward(cid + 1, "", dtype, model=model) + _forward(cid + 3, "fc", dtype, model=model)
+    events = (_forward(cid + 1, "", dtype, model=model, autocast=autocast)
+              + _forward(cid + 3, "fc", dtype, model=model, autocast=autocast))
     if eval_fp32:  # evaluation and no-grad passes run in float32: they judge nothing
         events += _forward(cid + 5, "fc", "float32", model=model, training=False, grad=False)
         events += _forward(cid + 7, "fc", "float32", model=model, training=True, grad=False)
@@ -89,6 +90,15 @@ def test_one_layer_losing_autocast_while_the_others_keep_it_is_reported():
     run = [_step(0, "float32")] + [_step(s, extra=extra_ok) for s in (1, 2)] + [_step(3, extra=extra_bad)]
     violations = check(invariants, run)
     assert [(v.step, v.evidence["first"]["module"]) for v in violations] == [(3, "act")]
+
+
+def test_mixed_precision_switched_on_after_a_float32_warm_up_is_not_a_loss_but_a_cast_of_the_weights_is():
+    invariants = _inferred()
+    warm_up = [_step(0, "float32")] + [_step(s, "float32") for s in (1, 2, 3)]
+    switched_on = [_step(s, "float16", autocast="float16") for s in (4, 5)]
+    assert check(invariants, warm_up + switched_on) == []
+    halved = [_step(s, "float16") for s in (4, 5)]  # model.half(): float16 outside any autocast region
+    assert [v.step for v in check(invariants, warm_up + halved)] == [4]
 
 
 def test_modules_and_models_first_trained_later_set_their_own_baseline():
