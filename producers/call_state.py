@@ -24,6 +24,8 @@ class ThreadState(threading.local):
         self.root_paths: dict[int, str] = {}
         self.root_obj: str | None = None  # ``m<i>`` of the model the current forward runs in
         self.checkpointed = 0  # reentrant checkpoint blocks in progress (gradients come later)
+        self.root_grad = False  # whether the outermost module forward in progress began with gradients
+        self.cut_checkpointed = 0  # reentrant checkpoint blocks of such a forward that no gradient will reach
 
 
 class CallToken:

@@ -6,7 +6,11 @@
 pass is part of a training step, not an evaluation: calls made there are recorded with
 ``ctx.grad = True``, or every checkpointed block's dropout would look like an
 evaluation pass with dropout left on.  A pass whose inputs need no gradient (an
-evaluation through the same checkpointed blocks) keeps ``ctx.grad = False``.  Non-reentrant checkpointing keeps gradients
+evaluation through the same checkpointed blocks) keeps ``ctx.grad = False``; inside a
+model forward begun with gradients, such a pass is training whose blocks no gradient
+will reach (embeddings frozen under reentrant checkpointing, transformers#21381): its
+layers count as run for training in `producers.graph_cuts`, so the step that finds
+them without gradients says so.  Non-reentrant checkpointing keeps gradients
 enabled and needs nothing here.
 
 torch offers no hook for this, so ``CheckpointFunction.forward`` is wrapped (one place;
@@ -38,7 +42,12 @@ def install_checkpoint_hooks(tracer: "Tracer") -> list[PatchHandle]:
             # mode is read off the inputs, as torch's own warning does: a pass whose
             # inputs need no gradient (evaluation under no_grad) stays an evaluation
             if not any(isinstance(arg, torch.Tensor) and arg.requires_grad for arg in args):
-                return original(*args, **kwargs)
+                if not tracer.cut_checkpoint_entered():
+                    return original(*args, **kwargs)
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    tracer.cut_checkpoint_left()
             tracer.checkpoint_entered()
             try:
                 return original(*args, **kwargs)

@@ -44,6 +44,7 @@ class ForwardHooks:
             depth = tls.depth
             tls.depth = depth + 1
             if depth == 0:
+                tls.root_grad = torch.is_grad_enabled()
                 tls.root_paths = self.registry.add_root(module)
                 index = self.registry.root_index(module)
                 tls.root_obj = None if index is None else f"m{index}"
@@ -55,7 +56,7 @@ class ForwardHooks:
                     self._set_auto_stage(stage_of(model, self.registry.roots()))
                     if model.training and torch.is_grad_enabled():
                         self.root_forward_signal()
-            if torch.is_grad_enabled() or tls.checkpointed:
+            if torch.is_grad_enabled() or tls.checkpointed or tls.cut_checkpointed:
                 self.contracts.graph_cuts.ran(module)
             if not self._record_forward:
                 tls.forward_cids.append(None)

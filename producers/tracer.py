@@ -165,6 +165,19 @@ class Tracer(StepBoundaries, ForwardHooks, StageSwitching, WorkerReports):
     def checkpoint_left(self) -> None:
         self._tls.checkpointed -= 1
 
+    def cut_checkpoint_entered(self) -> bool:
+        """A reentrant checkpoint block whose inputs need no gradient: inside a model's
+        training forward (begun with gradients) its layers ran for training and will get
+        no gradient (`producers.graph_cuts`); elsewhere it is an evaluation."""
+        tls = self._tls
+        if tls.depth == 0 or not tls.root_grad:
+            return False
+        tls.cut_checkpointed += 1
+        return True
+
+    def cut_checkpoint_left(self) -> None:
+        self._tls.cut_checkpointed -= 1
+
     @property
     def busy(self) -> bool:
         return self._tls.busy

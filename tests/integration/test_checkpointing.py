@@ -92,3 +92,37 @@ def test_an_evaluation_pass_with_dropout_on_is_still_reported(tmp_path):
     _train(tmp_path, reentrant=True, evaluate_with_dropout_on=True)
     result = _check(tmp_path)
     assert result.returncode == 1 and "whenever gradients are disabled" in result.stdout, result.stdout
+
+
+class EmbeddedCheckpointed(Checkpointed):
+    """Token embeddings before the checkpointed blocks (a language model's layout)."""
+
+    def __init__(self) -> None:
+        super().__init__(reentrant=True)
+        self.embed = nn.Embedding(16, 8)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return super().forward(self.embed(tokens))
+
+
+@pytest.mark.filterwarnings("ignore:None of the inputs have requires_grad")  # torch's own hint at the bug
+def test_blocks_no_gradient_reaches_after_the_embeddings_froze_break_the_step_contract(tmp_path):
+    """transformers#21381: with reentrant checkpointing, frozen embeddings leave every
+    checkpointed block without a gradient path; only the head keeps training."""
+    with producers.instrument(run_id="r-ckpt-cut", trace_dir=tmp_path, quiet=True):
+        torch.manual_seed(0)
+        model = EmbeddedCheckpointed()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        for step in range(4):
+            if step == 2:
+                model.embed.requires_grad_(False)
+            optimizer.zero_grad()
+            model(torch.randint(0, 16, (4, 5))).pow(2).mean().backward()
+            optimizer.step()
+        model.eval()
+        with torch.no_grad():  # an evaluation through the same blocks is not training
+            model(torch.randint(0, 16, (4, 5)))
+    (batches,) = read_trace_dir(tmp_path).values()
+    kept = [e["ctx"]["contract"]["grads_reach_what_ran"] for b in batches for e in b["events"]
+            if e["kind"] == "call" and e["api"] == "torch.optim.Optimizer.step" and e["phase"] == "pre"]
+    assert kept == [True, True, False, False]
