@@ -251,7 +251,9 @@ DATALOADER_EPOCH = "torch.utils.data.DataLoader.__iter__"
 #: ``keeps_trained_weights`` — an optimizer does not step on with its state for weights that
 #: a ``Module.load_state_dict`` has set back to their values before their first update;
 #: ``optimizes_unfrozen`` — a parameter frozen when training began that takes a gradient
-#: later (unfrozen) is held by an optimizer.
+#: later (unfrozen) is held by an optimizer; ``frozen_norm_keeps_stats`` — a BatchNorm
+#: forward in training mode with gradients has affine parameters that are not all frozen
+#: (a frozen one would still move its running statistics).
 CONTRACTS: dict[str, str] = {
     "unscaled_grads": CLIP_GRAD_NORM,
     "replaces_weights": MODULE_LOAD_STATE_DICT,
@@ -260,6 +262,7 @@ CONTRACTS: dict[str, str] = {
     "keeps_learning": OPTIMIZER_STEP,
     "keeps_trained_weights": OPTIMIZER_STEP,
     "optimizes_unfrozen": OPTIMIZER_STEP,
+    "frozen_norm_keeps_stats": MODULE_FORWARD,
     "reshuffles_each_epoch": DATALOADER_EPOCH,
 }
 

@@ -18,6 +18,7 @@ import torch
 
 from invariants.events import MODULE_FORWARD
 
+from .frozen_norms import keeps_frozen_statistics
 from .module_facts import first_forward_context
 from .stages import real_model, stage_of
 from .summaries import summarize
@@ -71,6 +72,10 @@ class ForwardHooks:
                 # run inside a model that does not register it (layers kept in a plain
                 # list), with trainable parameters no optimizer holds: never trained
                 ctx["unregistered"] = True
+            if module.training and ctx["grad"]:
+                keeps = keeps_frozen_statistics(module)
+                if keeps is not None:
+                    ctx["contract"] = {"frozen_norm_keeps_stats": keeps}
             if self._first_forwards.is_first(module):
                 tls.busy = True  # its torch work (spectral-norm check) is ours, not the user's
                 try:

@@ -36,6 +36,8 @@ DESCRIPTIONS: dict[str, str] = {
                               "load_state_dict has set back to their values before training"),
     "optimizes_unfrozen": ("{api} runs only where every parameter unfrozen since training began that takes a "
                            "gradient is held by an optimizer"),
+    "frozen_norm_keeps_stats": ("a BatchNorm layer whose affine parameters are all frozen never runs {api} in "
+                                "training mode with gradients enabled (it would still update its running statistics)"),
 }
 HINTS: dict[str, str] = {
     "unscaled_grads": ("the gradients are still multiplied by the loss scale (65536 to start with): the clip sees a "
@@ -65,6 +67,10 @@ HINTS: dict[str, str] = {
                            "trainable parameters only (Hugging Face Trainer, a requires_grad filter) does not see later "
                            "unfreezing; add them with optimizer.add_param_group (Lightning: "
                            "BaseFinetuning.unfreeze_and_add_param_group) or build the optimizer again"),
+    "frozen_norm_keeps_stats": ("requires_grad_(False) froze this BatchNorm's weight and bias but not its running "
+                                "mean and variance: in training mode every forward moves them towards the current "
+                                "batches, so the frozen backbone's features drift; put the frozen part in eval() "
+                                "after every model.train() (Lightning: also after validation)"),
 }
 
 

@@ -374,3 +374,28 @@ def test_unfreezing_into_an_optimizer_and_freezing_a_discriminator_per_update_ke
             critic(generator(torch.randn(8, 4)).detach()).mean().backward()
             opt_c.step()
     assert _unfrozen(tmp_path) == [True] * 8
+
+
+def _norm_contracts(tmp_path) -> list:
+    return [c["frozen_norm_keeps_stats"] for c in _contracts(tmp_path, "torch.nn.Module.forward") if c]
+
+
+def test_a_frozen_batchnorm_left_in_training_mode_breaks_the_contract_on_each_forward(tmp_path):
+    backbone = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU())
+    head = nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(list(backbone.parameters()) + list(head.parameters()), lr=0.01, momentum=0.9)
+    key_encoder = copy.deepcopy(backbone).requires_grad_(False)
+    plain_norm = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8, affine=False))
+    with producers.instrument(run_id="r-frozen-bn", trace_dir=tmp_path, quiet=True):
+        for step in range(4):
+            if step == 2:
+                backbone.requires_grad_(False)  # linear probing: frozen, but never put in eval()
+            optimizer.zero_grad()
+            head(backbone(torch.randn(8, 4))).pow(2).mean().backward()
+            optimizer.step()
+            with torch.no_grad():  # a momentum encoder in training mode without gradients: by design
+                key_encoder(torch.randn(8, 4))
+            plain_norm(torch.randn(8, 4))  # no affine parameters: nothing to freeze
+        backbone.eval()  # the healthy probe: frozen and in eval mode
+        head(backbone(torch.randn(8, 4))).pow(2).mean().backward()
+    assert _norm_contracts(tmp_path) == [True, True, False, False]

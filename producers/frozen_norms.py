@@ -1,0 +1,30 @@
+"""BatchNorm layers frozen with their backbone that still update their running statistics.
+
+``backbone.requires_grad_(False)`` freezes a BatchNorm's weight and bias, not its running
+mean and variance: a training-mode forward keeps moving them towards the statistics of
+whatever data passes (PyTorch issue 86590), and the "frozen" features drift under the
+head.  Freezing a backbone means putting its BatchNorm layers in ``eval()`` too, and
+training loops lose that to a ``model.train()`` after each validation (Lightning issue
+18930).  So each training-mode forward of a BatchNorm layer with gradients enabled
+carries the contract ``frozen_norm_keeps_stats``: its affine parameters are not all
+frozen.  Momentum and teacher encoders (MoCo, BYOL, DINO) run their BatchNorm layers in
+training mode on purpose, but without gradients: those forwards are not judged, nor
+are layers without affine parameters or running statistics, nor a momentum of 0.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn.modules.batchnorm import _BatchNorm
+
+
+def keeps_frozen_statistics(module: torch.nn.Module) -> bool | None:
+    """For a training-mode forward with gradients: False when a BatchNorm layer whose
+    affine parameters are all frozen will update its running statistics; None where the
+    contract does not apply."""
+    if not isinstance(module, _BatchNorm) or not module.track_running_stats or module.momentum == 0:
+        return None
+    params = [param for param in module._parameters.values() if param is not None]
+    if not params:
+        return None
+    return any(param.requires_grad for param in params)
