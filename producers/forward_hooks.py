@@ -73,7 +73,7 @@ class ForwardHooks:
                 # list), with trainable parameters no optimizer holds: never trained
                 ctx["unregistered"] = True
             if module.training and ctx["grad"]:
-                keeps = keeps_frozen_statistics(module)
+                keeps = keeps_frozen_statistics(module, self.ownership.held_by_optimizer)
                 if keeps is not None:
                     ctx["contract"] = {"frozen_norm_keeps_stats": keeps}
             if self._first_forwards.is_first(module):

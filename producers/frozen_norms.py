@@ -9,22 +9,29 @@ training loops lose that to a ``model.train()`` after each validation (Lightning
 carries the contract ``frozen_norm_keeps_stats``: its affine parameters are not all
 frozen.  Momentum and teacher encoders (MoCo, BYOL, DINO) run their BatchNorm layers in
 training mode on purpose, but without gradients: those forwards are not judged, nor
-are layers without affine parameters or running statistics, nor a momentum of 0.
+are layers without affine parameters or running statistics, nor a momentum of 0.  Nor
+are layers whose parameters an optimizer holds: a GAN freezes one network while the
+other one's update runs through it (CycleGAN's ``set_requires_grad``, Lightning's
+``toggle_optimizer``), and both networks' statistics follow training on purpose.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
 
-def keeps_frozen_statistics(module: torch.nn.Module) -> bool | None:
+def keeps_frozen_statistics(module: torch.nn.Module, held: Callable[[torch.Tensor], bool]) -> bool | None:
     """For a training-mode forward with gradients: False when a BatchNorm layer whose
-    affine parameters are all frozen will update its running statistics; None where the
-    contract does not apply."""
+    affine parameters are all frozen, and held by no optimizer (``held``), will update its
+    running statistics; None where the contract does not apply."""
     if not isinstance(module, _BatchNorm) or not module.track_running_stats or module.momentum == 0:
         return None
     params = [param for param in module._parameters.values() if param is not None]
     if not params:
         return None
-    return any(param.requires_grad for param in params)
+    if any(param.requires_grad for param in params):
+        return True
+    return None if any(held(param) for param in params) else False

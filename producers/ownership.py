@@ -96,6 +96,11 @@ class ParameterOwnership:
         """Every parameter still alive that registration or training made known."""
         return [param for ref in self._by_address.values() if (param := ref()) is not None]
 
+    def held_by_optimizer(self, param: torch.Tensor) -> bool:
+        """Whether a live optimizer holds ``param`` (as its parameters were last read)."""
+        key = id(param)
+        return any(key in params and ref() is not None for ref, params in self._optimizers.values())
+
     @property
     def optimizer_known(self) -> bool:
         return bool(self._optimizers)

@@ -396,6 +396,21 @@ def test_a_frozen_batchnorm_left_in_training_mode_breaks_the_contract_on_each_fo
             with torch.no_grad():  # a momentum encoder in training mode without gradients: by design
                 key_encoder(torch.randn(8, 4))
             plain_norm(torch.randn(8, 4))  # no affine parameters: nothing to freeze
+            if step == 1:  # linear probing: a new optimizer over the head alone
+                optimizer = torch.optim.SGD(head.parameters(), lr=0.01, momentum=0.9)
         backbone.eval()  # the healthy probe: frozen and in eval mode
         head(backbone(torch.randn(8, 4))).pow(2).mean().backward()
-    assert _norm_contracts(tmp_path) == [True, True, False, False]
+        generator = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 4))
+        critic = nn.Linear(4, 1)
+        opt_g = torch.optim.Adam(generator.parameters(), lr=1e-3)
+        opt_c = torch.optim.Adam(critic.parameters(), lr=1e-3)
+        for _ in range(2):  # Lightning's toggle_optimizer: the generator frozen during the critic's update
+            generator.requires_grad_(False)
+            opt_c.zero_grad()
+            critic(generator(torch.randn(8, 4))).mean().backward()
+            opt_c.step()
+            generator.requires_grad_(True)
+            opt_g.zero_grad()
+            critic(generator(torch.randn(8, 4))).mean().backward()
+            opt_g.step()
+    assert _norm_contracts(tmp_path) == [True, True, False, False, True, True]
