@@ -1,20 +1,20 @@
 """Programs written apart from the reference corpus, run zero-config as a user would.
 
-    python benchmarks/outside/run.py [--suite bugs_a|bugs_b|bugs_c|healthy_a|healthy_b|healthy_c ...]
+    python benchmarks/outside/run.py [--suite bugs_a|bugs_b|bugs_c|bugs_d|healthy_a|...|healthy_d ...]
                                      [--only NAME ...] [--work DIR] [--jobs N] [--write-results]
 
-Six suites of small training programs, each modelled on a named public program or bug
+Eight suites of small training programs, each modelled on a named public program or bug
 report (their docstrings say which), written without looking at the references or the
 silent-bug benchmark:
 
-* ``bugs_a``, ``bugs_b``, ``bugs_c``: a bug that starts partway (the program prints
+* ``bugs_a`` to ``bugs_d``: a bug that starts partway (the program prints
   ``ONSET step K`` at its first buggy optimizer step, 0-based) and a healthy twin
   (``--healthy``);
-* ``healthy_a``, ``healthy_b``, ``healthy_c``: healthy programs in styles and
+* ``healthy_a`` to ``healthy_d``: healthy programs in styles and
   frameworks the references do not use.
 
 Each batch was written after what the previous one showed had been fixed, so the
-latest batch (``_c``) is the out-of-sample figure; the earlier ones are in sample.
+latest batch (``_d``) is the out-of-sample figure; the earlier ones are in sample.
 Each program runs under ``trainwatch collect`` (two gloo ranks where it sets up
 ``torch.distributed``) and is judged by ``trainwatch check`` with the shipped default
 set.  A bug counts as caught when a violation falls in its onset window (K + 1: window
@@ -36,7 +36,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-SUITES = ("bugs_a", "bugs_b", "bugs_c", "healthy_a", "healthy_b", "healthy_c")
+SUITES = ("bugs_a", "bugs_b", "bugs_c", "bugs_d", "healthy_a", "healthy_b", "healthy_c", "healthy_d")
 TRAINWATCH = (sys.executable, "-m", "trainwatch.cli")
 ONSET = re.compile(r"ONSET.*?(?:step|iteration) (\d+)")
 TIMEOUT_S = 600
@@ -60,7 +60,7 @@ class Verdict:
 
 def _is_distributed(program: Path) -> bool:
     source = program.read_text()
-    return "init_process_group" in source or "LOCAL_RANK" in source or "ddp" in program.stem.split("_")
+    return "init_process_group" in source or "LOCAL_RANK" in source or bool({"ddp", "dist"} & set(program.stem.split("_")))
 
 
 def _run(program: Path, work: Path, *flags: str) -> tuple[Verdict, int | None]:
