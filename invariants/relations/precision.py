@@ -21,7 +21,8 @@ changes nothing as long as one of its dtypes stays, and mixed precision switched
 mid-run (a float32 warm-up, then ``torch.autocast``) is a change towards the active
 autocast dtype, not a loss: a module whose forwards all return the dtype of the autocast
 region they ran in is not judged.  A cast of the weights (``.half()``) runs outside
-autocast and stays judged.  The baseline is bounded
+autocast and stays judged.  Nor is a window where an optimizer takes its first step: a
+new phase (a final fine-tuning with a fresh optimizer) may run in another precision.  The baseline is bounded
 (`MAX_BASELINE_MODULES` modules per run); modules beyond it are not judged.
 
 No precondition, no context: the rule is about a run against itself, in any precision.
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Mapping
 
-from ..events import MODULE_FORWARD
+from ..events import MODULE_FORWARD, OPTIMIZER_STEP
 from ..window import FactPlan
 from .base import Mode, Site, Template
 from .baselines import FIRST_ITERATION_STEP
@@ -124,6 +125,12 @@ def learn_precisions(view: WindowView, baseline: Precisions) -> None:
             baseline[key] = sorted(dtypes)
 
 
+def _new_optimizer_steps(view: WindowView, rank: int) -> bool:
+    """An optimizer steps for the first time here: a new phase of the run (a final
+    fine-tuning in float32 with its own optimizer), which may choose its precision."""
+    return any(call.get("trained") is False for call in view.calls_by_api(rank).get(OPTIMIZER_STEP, ()))
+
+
 class StablePrecision(Template):
     relation = "StablePrecision"
     min_support = 3
@@ -137,6 +144,8 @@ class StablePrecision(Template):
             return
         checking = mode.checking
         for rank in view.ranks():
+            if _new_optimizer_steps(view, rank):
+                continue
             switched_on = autocast_outputs(view, rank)
             for key, dtypes in training_precisions(view, rank).items():
                 known = baseline.get(key)
@@ -162,7 +171,7 @@ class StablePrecision(Template):
         return FAMILY, None
 
     def needs(self, params: Mapping[str, Any]) -> FactPlan:
-        return FactPlan(apis={MODULE_FORWARD}, args={}, state_points=set(), state_attrs=set())
+        return FactPlan(apis={MODULE_FORWARD, OPTIMIZER_STEP}, args={}, state_points=set(), state_attrs=set())
 
     def describe(self, params: Mapping[str, Any]) -> str:
         return ("no module changes precision between training iterations: its training forwards keep returning "

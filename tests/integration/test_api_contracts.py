@@ -414,3 +414,19 @@ def test_a_frozen_batchnorm_left_in_training_mode_breaks_the_contract_on_each_fo
             critic(generator(torch.randn(8, 4))).mean().backward()
             opt_g.step()
     assert _norm_contracts(tmp_path) == [True, True, False, False, True, True]
+
+
+def test_batchnorm_weights_unfrozen_beside_the_block_lightning_adds_keep_the_contract(tmp_path):
+    """``unfreeze_and_add_param_group(..., train_bn=False)``: the block's convolution joins
+    the optimizer, its BatchNorm weights take gradients no optimizer holds, on purpose."""
+    block = nn.Sequential(nn.Linear(4, 64), nn.BatchNorm1d(64), nn.ReLU())
+    head = nn.Linear(64, 1)
+    model = nn.Sequential(block, head)
+    block.requires_grad_(False)
+    optimizer = torch.optim.AdamW(head.parameters(), lr=1e-3)
+    with producers.instrument(run_id="r-unfreeze-bn", trace_dir=tmp_path, quiet=True):
+        _train(model, optimizer, 1)
+        block.requires_grad_(True)
+        optimizer.add_param_group({"params": list(block[0].parameters())})
+        _train(model, optimizer, 1)
+    assert _unfrozen(tmp_path) == [True, True]

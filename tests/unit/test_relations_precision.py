@@ -6,7 +6,7 @@ reported once, and the baseline survives the run state's round trip."""
 from __future__ import annotations
 
 from invariants.engine import RunState
-from invariants.events import MODULE_FORWARD, make_batch
+from invariants.events import MODULE_FORWARD, OPTIMIZER_STEP, make_batch
 from invariants.inference import Inferencer
 from invariants.relations import TEMPLATES
 from invariants.relations.precision import MAX_BASELINE_MODULES, learn_precisions, output_dtype
@@ -99,6 +99,17 @@ def test_mixed_precision_switched_on_after_a_float32_warm_up_is_not_a_loss_but_a
     assert check(invariants, warm_up + switched_on) == []
     halved = [_step(s, "float16") for s in (4, 5)]  # model.half(): float16 outside any autocast region
     assert [v.step for v in check(invariants, warm_up + halved)] == [4]
+
+
+def test_a_new_phase_with_a_fresh_optimizer_may_choose_its_precision():
+    invariants = _inferred()
+    first_step = {"kind": "call", "pid": 1, "tid": 1, "stage": "train", "name": "torch.optim.SGD.step",
+                  "api": OPTIMIZER_STEP, "cid": 480, "parent": None, "obj": "opt1", "trained": False}
+    new_phase = _step(4, "float32")
+    new_phase["events"][-1:-1] = [dict(first_step, t=480, phase="pre"), dict(first_step, t=481, phase="post")]
+    run = _healthy(4) + [new_phase, _step(5, "float32")]
+    assert check(invariants, run) == []
+    assert [v.step for v in check(invariants, _healthy(4) + [_step(4, "float32")])] == [4]
 
 
 def test_modules_and_models_first_trained_later_set_their_own_baseline():
