@@ -54,7 +54,7 @@ class ForwardHooks:
                 if self.registry.is_model_root(module):
                     model = real_model(module)
                     self._root_ref = weakref.ref(model)
-                    self._set_auto_stage(stage_of(model, self.registry.roots()))
+                    self._set_auto_stage(stage_of(model, self.registry.roots(), self.ownership.optimizes_inputs_of))
                     if model.training and torch.is_grad_enabled():
                         self.root_forward_signal()
             if torch.is_grad_enabled() or tls.checkpointed or tls.cut_checkpointed:

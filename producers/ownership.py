@@ -39,6 +39,7 @@ class ParameterOwnership:
         self._by_address: dict[int, weakref.ref[torch.Tensor]] = {}
         self.stepped: set[int] = set()
         self._untrained: dict[int, tuple[int, bool]] = {}  # id(model) -> (step asked, answer)
+        self._input_optimizers: dict[int, weakref.ref[torch.optim.Optimizer]] = {}  # holding plain tensors
 
     # -- parameters ------------------------------------------------------------------------
     def remember(self, param: torch.Tensor) -> None:
@@ -63,6 +64,16 @@ class ParameterOwnership:
     def optimizer_seen(self, optimizer: torch.optim.Optimizer, index: int) -> None:
         """(Re)read an optimizer's parameters; param groups may be added after construction."""
         self._optimizers[index] = (weakref.ref(optimizer), optimizer_param_ids(optimizer))
+        if any(not isinstance(p, torch.nn.Parameter) for group in optimizer.param_groups for p in group["params"]):
+            self._input_optimizers[index] = weakref.ref(optimizer)
+
+    def optimizes_inputs_of(self, model: torch.nn.Module) -> bool:
+        """Whether the program optimises tensors that are no module's parameters (an image
+        in style transfer, an adversarial perturbation) through ``model``, which no
+        optimizer trains: its ``eval()`` mode then means a fixed function, not evaluation."""
+        if not any(ref() is not None for ref in self._input_optimizers.values()):
+            return False
+        return not any(self.held_by_optimizer(param) for param in model.parameters())
 
     def optimizer_stepped(self, optimizer: torch.optim.Optimizer, index: int) -> None:
         """Its parameters count as trained from its first step on."""

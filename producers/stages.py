@@ -10,11 +10,12 @@ compiled (``._orig_mod``) and trainer-framework wrappers (``._forward_module``).
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import torch
 
 if TYPE_CHECKING:
+    from .ownership import ParameterOwnership
     from .params import ParameterRegistry
     from .recorder import StepRecorder
 
@@ -65,13 +66,21 @@ def holds_model(module: torch.nn.Module, roots: list[torch.nn.Module]) -> bool:
     return False
 
 
-def stage_of(model: torch.nn.Module, roots: list[torch.nn.Module]) -> str:
+#: the stage of a loop that optimises inputs through a fixed model (style transfer,
+#: adversarial examples): neither training the model nor evaluating it
+OPTIMIZING_INPUTS = "inputs"
+
+
+def stage_of(model: torch.nn.Module, roots: list[torch.nn.Module],
+             optimizes_inputs_of: Callable[[torch.nn.Module], bool] | None = None) -> str:
     """The stage a model's mode implies, given the other models of the process.
 
     A model in eval mode means evaluation only if no other model is training: a frozen
     teacher run by a distillation loop, or a generator switched to eval to draw samples
     while its discriminator trains, is used *by* training.  A model that is training is
-    one whose mode is ``train`` and that has parameters taking gradients."""
+    one whose mode is ``train`` and that has parameters taking gradients.  Nor is it
+    evaluation when the program optimises plain tensors through a model no optimizer
+    trains (``optimizes_inputs_of``): backward passes and steps are that loop's own."""
     model = real_model(model)
     if model.training:
         return "train"
@@ -79,6 +88,8 @@ def stage_of(model: torch.nn.Module, roots: list[torch.nn.Module]) -> str:
         other = real_model(root)
         if other is not model and other.training and any(p.requires_grad for p in other.parameters()):
             return "train"
+    if optimizes_inputs_of is not None and optimizes_inputs_of(model):
+        return OPTIMIZING_INPUTS
     return "eval"
 
 
@@ -90,6 +101,7 @@ class StageSwitching:
     _tail_start: int | None
     recorder: "StepRecorder"
     registry: "ParameterRegistry"
+    ownership: "ParameterOwnership"
 
     @contextmanager
     def explicit_stage(self, name: str) -> Iterator[None]:
@@ -117,4 +129,4 @@ class StageSwitching:
         if self.stage == "init" or not isinstance(module, torch.nn.Module):
             return  # setup keeps its stage until the first forward
         if holds_model(module, self.registry.roots()):
-            self._set_auto_stage(stage_of(module, self.registry.roots()))
+            self._set_auto_stage(stage_of(module, self.registry.roots(), self.ownership.optimizes_inputs_of))
