@@ -105,10 +105,8 @@ FIELD_BUGS: tuple[BugCase, ...] = (
     BugCase(
         "frozen_bn_stats_updated", "backbone frozen with requires_grad=False; its BatchNorm running stats keep moving",
         "pytorch/pytorch-86590 / lightly-ai/lightly-1438", ("BatchNorm", "running_mean", "backbone"),
-        "TrainingFlag (modules with frozen parameters run in eval mode)",
+        "ApiContract (a BatchNorm layer whose parameters are all frozen runs in eval mode)",
         cause_class="frozen BatchNorm statistics still updated",
-        gap="BatchNorm buffers are not compared across steps; no rule that a module whose parameters are all frozen "
-            "keeps its buffers (or runs in eval mode)",
     ),
     BugCase(
         "distributed_sampler_no_set_epoch", "DistributedSampler.set_epoch not called; every epoch replays the same order",

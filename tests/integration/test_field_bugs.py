@@ -39,6 +39,7 @@ EXPECTED_RELATION = {
     "load_prefix_mismatch": "ApiContract",
     "amp_clip_scaled_grads": "ApiContract",
     "distributed_sampler_no_set_epoch": "ApiContract",
+    "frozen_bn_stats_updated": "ApiContract",
 }
 
 
