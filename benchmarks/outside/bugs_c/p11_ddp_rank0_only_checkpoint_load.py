@@ -15,7 +15,6 @@ step 12 on, rank 1 trains a randomly initialised encoder with the same averaged 
 checkpoint look normal.  Healthy twin: every rank loads the checkpoint.
 """
 import argparse
-import os
 import torch
 import torch.distributed as dist
 import torch.nn as nn

@@ -15,7 +15,7 @@ restored correctly, but the weights are not, so from step 12 on training continu
 the step-0 initialisation with Adam moments that belong to other weights.
 Healthy twin: the `model.` prefix is stripped and the state dict is loaded strictly.
 """
-import os, sys, math, time
+import sys, math, time
 import torch, torch.nn as nn, torch.nn.functional as F
 
 HEALTHY = "--healthy" in sys.argv

@@ -16,7 +16,7 @@ by the Trainer *after* the encoder was frozen, so from step 12 the encoder silen
 at its initial weights.  Healthy twin: the optimizer is created (trainer.create_optimizer())
 *before* freezing, so it owns every parameter; frozen ones simply have no grad.
 """
-import sys, os
+import sys
 import torch
 from torch.utils.data import Dataset
 from transformers import (BertConfig, BertForSequenceClassification, Trainer, TrainingArguments,

@@ -16,7 +16,7 @@ after the first validation (optimizer step 12) training silently continues from 
 lagging EMA weights (with Adam moments that belong to the raw weights), and again after
 every later validation.  Healthy twin: the backup is a detached clone of the state dict.
 """
-import sys, copy
+import sys
 import torch, torch.nn as nn, torch.nn.functional as F
 from torch.utils.data import TensorDataset, DataLoader
 import lightning as L

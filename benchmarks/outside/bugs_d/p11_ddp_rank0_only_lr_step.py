@@ -16,7 +16,7 @@ with a decayed LR and rank 1 with the old one.
 Healthy twin: `scheduler.step()` is called on every rank (after the rank-0 block).
 Run: torchrun --nproc_per_node 2 p11_ddp_rank0_only_lr_step.py [--healthy]
 """
-import os, sys, time
+import sys, time
 import torch, torch.nn as nn, torch.nn.functional as F
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP

@@ -9,7 +9,7 @@ timestep embedding), a DDPMScheduler-like linear beta schedule with add_noise() 
 ancestral sampling step, and an EMAModel with the inv_gamma/power warmup decay.  Data are
 synthetic 1x16x16 Gaussian-blob images scaled to [-1, 1].  Accelerator(cpu=True,
 mixed_precision="bf16", gradient_accumulation_steps=2); 48 optimizer steps."""
-import copy, math, os
+import math, os
 import torch
 import torch.nn as nn
 import torch.nn.functional as F

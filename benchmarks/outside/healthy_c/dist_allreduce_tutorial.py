@@ -11,7 +11,7 @@ step on all ranks together (no backward / no gradient all_reduce for that batch)
 initial broadcast check of parameters, StepLR, sharded evaluation whose correct/total
 counts are all_reduced, per-epoch loss averaged over ranks, rank-0 checkpoint + barrier, and
 a final check that the replicas are still bit-identical."""
-import os, math
+import math
 from random import Random
 import torch
 import torch.distributed as dist

@@ -11,7 +11,6 @@ checkpoint is reloaded with load_from_checkpoint."""
 import math
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.nn.utils.parametrizations import spectral_norm

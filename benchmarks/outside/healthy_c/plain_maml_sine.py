@@ -10,7 +10,6 @@ on fresh tasks under no outer graph; meta-parameters checkpointed."""
 import math
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
 torch.manual_seed(0)

@@ -8,7 +8,6 @@ returns the weighted style + content loss. Content/Style loss modules are transp
 that stash `self.loss` during forward (with detached targets). A randomly initialised small
 VGG-like net stands in for the pretrained VGG19.
 """
-import copy
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
