@@ -40,6 +40,7 @@ TRAIN_THEN_NAN = textwrap.dedent("""
             loss = loss * float("nan")
         loss.backward()
         opt.step()
+    print(f"training ended at {time.time()}", file=sys.stderr, flush=True)
 """)
 
 
@@ -63,6 +64,7 @@ def test_training_outlives_a_dead_broker_quietly_and_promptly(kafka_broker, clea
         started = time.monotonic()
         _, stderr = proc.communicate(timeout=120)
         after_kill_s = time.monotonic() - started
+        exited_at = time.time()
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -70,7 +72,11 @@ def test_training_outlives_a_dead_broker_quietly_and_promptly(kafka_broker, clea
     assert proc.returncode == 0, stderr[-3000:]
     assert "Exception ignored" not in stderr and "Traceback" not in stderr, stderr[-3000:]
     assert "batches dropped" in stderr and "no batches dropped" not in stderr, stderr[-3000:]
-    assert after_kill_s < 6.0, f"exit took {after_kill_s:.1f}s after the broker died"
+    # the shutdown is bounded by the flush timeout (2 s) whatever the machine's load; the
+    # training before it (380 steps with a dead broker) must not stall either
+    ended = float(stderr.split("training ended at ", 1)[1].split()[0])
+    assert exited_at - ended < 4.0, f"exit took {exited_at - ended:.1f}s after training ended"
+    assert after_kill_s < 30.0, f"training and exit took {after_kill_s:.1f}s after the broker died"
 
 
 def test_the_kafka_client_private_exit_hook_the_sink_unregisters_exists(kafka_broker):
