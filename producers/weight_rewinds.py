@@ -36,11 +36,13 @@ from .digest import cpu_digest, device_digest_words, local_data, skip_reason
 Fingerprint = Any  # a digest string on CPU; two int64 words on the parameter's device elsewhere
 
 
-def fingerprint(param: torch.Tensor) -> Fingerprint | None:
+def fingerprint(param: torch.Tensor, *, on_device: bool | None = None) -> Fingerprint | None:
+    """``on_device`` picks the form as `producers.digest.tensor_digest` does (None: by
+    device; True: the device words, which is how that path is tested on CPU)."""
     data = local_data(param)
     if skip_reason(data) is not None or not data.numel():
         return None
-    if data.is_cpu:
+    if not (data.device.type != "cpu" if on_device is None else on_device):
         return cpu_digest(data)
     return (data.dtype, tuple(data.shape), device_digest_words(data))
 

@@ -6,17 +6,17 @@ from __future__ import annotations
 
 import torch
 
-from producers.digest import device_digest_words
 from producers.weight_rewinds import fingerprint, same
 
 
 def _device_fingerprint(tensor: torch.Tensor):
-    return (tensor.dtype, tuple(tensor.shape), device_digest_words(tensor))
+    return fingerprint(tensor, on_device=True)
 
 
 def test_device_words_fingerprints_tell_equal_values_from_changed_and_reshaped_ones():
     weights = torch.randn(4, 6)
     first = _device_fingerprint(weights)
+    assert not isinstance(first, str)  # device words, kept where the tensor lives
     assert same(first, _device_fingerprint(weights.clone()))
     changed = weights.clone()
     changed[2, 3] += 1e-6
