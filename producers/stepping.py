@@ -209,14 +209,15 @@ class StepBoundaries:
         # by design: it is recorded, but not bracketed by snapshots that rules about
         # updates would judge.  ``trained`` is false at an optimizer's first step.
         index = self.registry.add_optimizer(optimizer)
-        if index not in self.ownership.stepped:
+        trained = index in self.ownership.stepped
+        if not trained:
             self.contracts.rewinds.first_step(optimizer)
         name = optimizer_id(index)
         cleared = name in self._cleared_since_step
         self._cleared_since_step.discard(name)
         token = self.begin_call(
             OPTIMIZER_STEP, f"{cls.__module__}.{cls.__qualname__}.step", {"self": optimizer},
-            extra={"obj": name, "trained": index in self.ownership.stepped, "cleared": cleared,
+            extra={"obj": name, "trained": trained, "cleared": cleared,
                    "backprop": self._backward_ran},
             optimizer=None if all_rates_zero(optimizer) else optimizer,
             contract={"keeps_optimizer_state": self.contracts.restarts.keeps_state(optimizer),
