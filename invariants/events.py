@@ -253,7 +253,9 @@ DATALOADER_EPOCH = "torch.utils.data.DataLoader.__iter__"
 #: ``optimizes_unfrozen`` — a parameter frozen when training began that takes a gradient
 #: later (unfrozen) is held by an optimizer; ``frozen_norm_keeps_stats`` — a BatchNorm
 #: forward in training mode with gradients has affine parameters that are not all frozen
-#: (a frozen one would still move its running statistics).
+#: (a frozen one would still move its running statistics); ``fresh_dataset_rng`` — a
+#: DataLoader worker of a training pass does not start (after its ``worker_init_fn``) from
+#: the dataset RNG state that an earlier training pass's workers started from.
 CONTRACTS: dict[str, str] = {
     "unscaled_grads": CLIP_GRAD_NORM,
     "replaces_weights": MODULE_LOAD_STATE_DICT,
@@ -264,6 +266,7 @@ CONTRACTS: dict[str, str] = {
     "optimizes_unfrozen": OPTIMIZER_STEP,
     "frozen_norm_keeps_stats": MODULE_FORWARD,
     "reshuffles_each_epoch": DATALOADER_EPOCH,
+    "fresh_dataset_rng": WORKER_INIT_API,
 }
 
 #: Optimizers are named ``opt<i>`` on the wire (``obj`` of their calls, ``clears`` of a

@@ -4,7 +4,8 @@ Each contract of `invariants.events.CONTRACTS` needs a little memory of the prog
 live objects: which optimizers stepped with state, whether a loss scale is pending,
 which modules ran with gradients since the last step, which sampler passes began,
 which optimizers have learned and for how many steps their rates have been zero,
-what each parameter held before its first update, which frozen parameters to watch.
+what each parameter held before its first update, which frozen parameters to watch,
+which dataset RNG state the workers of the latest training pass started from.
 They live together here so that the tracer holds one object for all of them.
 """
 
@@ -19,6 +20,7 @@ from .amp_scaling import LossScaleTracker
 from .graph_cuts import GraphCuts
 from .learning_rates import LearningRates
 from .optimizer_restarts import OptimizerRestarts
+from .replayed_rngs import ReplayedRngs
 from .sampler_epochs import SamplerEpochs
 from .unfrozen_params import UnfrozenParams
 from .weight_rewinds import WeightRewinds
@@ -33,8 +35,9 @@ class ContractFacts:
     learning_rates: LearningRates
     rewinds: WeightRewinds
     unfrozen: UnfrozenParams
+    replayed_rngs: ReplayedRngs
 
     @classmethod
     def create(cls, is_trained: Callable[[torch.Tensor], bool]) -> "ContractFacts":
         return cls(OptimizerRestarts(is_trained), LossScaleTracker(), GraphCuts(), SamplerEpochs(),
-                   LearningRates(), WeightRewinds(), UnfrozenParams())
+                   LearningRates(), WeightRewinds(), UnfrozenParams(), ReplayedRngs())

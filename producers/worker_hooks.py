@@ -10,16 +10,21 @@ from __future__ import annotations
 import inspect
 from typing import TYPE_CHECKING, Any, Callable
 
+import torch
+
 from invariants.events import DATALOADER_WORKERS_META
 
 from .patching import PatchHandle, patch_attribute
+from .workers import dataset_rng_digest
 
 if TYPE_CHECKING:
     from .tracer import Tracer
 
 
 class WorkerStepTag:
-    """A DataLoader's ``worker_init_fn``, tagged with the step that starts the workers.
+    """A DataLoader's ``worker_init_fn``, tagged with the step that starts the workers,
+    whether a training pass starts them, and the dataset RNG state they would replay
+    (`producers.replayed_rngs`).
 
     Pickled into every worker with the init function itself, so a worker knows its
     step whatever the start method: a forked worker inherits the counter, but one
@@ -27,9 +32,12 @@ class WorkerStepTag:
     it calls the user's function (if any), so an uninstrumented worker sees no change.
     """
 
-    def __init__(self, inner: Callable[[int], Any] | None, step: int) -> None:
+    def __init__(self, inner: Callable[[int], Any] | None, step: int, training_pass: bool = False,
+                 replayed: str | None = None) -> None:
         self.inner = inner
         self.step = step
+        self.training_pass = training_pass
+        self.replayed = replayed
 
     def __call__(self, worker_id: int) -> Any:
         return None if self.inner is None else self.inner(worker_id)
@@ -53,7 +61,10 @@ def patch_worker_start(tracer: "Tracer") -> PatchHandle:
                 if workers > 0 and tracer.enabled:
                     step = tracer.recorder.step
                     user_init = loader.worker_init_fn
-                    loader.worker_init_fn = WorkerStepTag(user_init, step)
+                    training = torch.is_grad_enabled() and not tracer.root_in_eval_mode()
+                    replayed = (tracer.contracts.replayed_rngs.training_pass(loader.dataset, dataset_rng_digest(loader.dataset))
+                                if training else None)
+                    loader.worker_init_fn = WorkerStepTag(user_init, step, training, replayed)
                     tagged = True
                     tracer.record_meta(DATALOADER_WORKERS_META, workers=workers)
                     tracer.active = True  # its windows hold the workers' reports: they must close
@@ -84,9 +95,8 @@ def patch_worker_loop(tracer: "Tracer") -> PatchHandle:
             try:
                 bound = signature.bind(*args, **kwargs)
                 user_init = bound.arguments.get("init_fn")
-                step = None
-                if isinstance(user_init, WorkerStepTag):
-                    user_init, step = user_init.inner, user_init.step
+                tag = user_init if isinstance(user_init, WorkerStepTag) else WorkerStepTag(user_init, -1)
+                user_init = tag.inner
                 num_workers = int(bound.arguments.get("num_workers", 0))
 
                 def init_fn(worker_id: int) -> None:
@@ -94,7 +104,8 @@ def patch_worker_loop(tracer: "Tracer") -> PatchHandle:
                     if user_init is not None:
                         user_init(worker_id)
                     try:
-                        tracer.worker_started(worker_id, num_workers, step=step)
+                        tracer.worker_started(worker_id, num_workers, step=tag.step, training_pass=tag.training_pass,
+                                              replayed=tag.replayed)
                     except Exception as exc:
                         tracer.internal_error("DataLoader worker start", exc)
 

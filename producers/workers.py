@@ -20,6 +20,8 @@ import xxhash
 
 from invariants.events import WORKER_INIT_API
 
+from .replayed_rngs import fresh_dataset_rng
+
 if TYPE_CHECKING:
     from .recorder import StepRecorder
 
@@ -85,14 +87,21 @@ class WorkerReports:
     _event: Callable[..., dict[str, Any]]
     _ctx: Callable[[], dict[str, Any]]
 
-    def worker_started(self, worker_id: int, num_workers: int, *, step: int | None = None) -> None:
+    def worker_started(self, worker_id: int, num_workers: int, *, step: int | None = None,
+                       training_pass: bool = False, replayed: str | None = None) -> None:
         """The one event a DataLoader worker sends: its seeds, then it stays quiet.
 
         ``step`` is the step that started the worker (see `WorkerStepTag`); a worker
-        started by ``spawn`` would otherwise report step 0.
+        started by ``spawn`` would otherwise report step 0.  ``training_pass`` and
+        ``replayed`` judge its contract `fresh_dataset_rng`.
         """
         if step is not None and step >= 0:
             self.recorder.step = step
+        report = worker_seed_report(worker_id, num_workers)
+        ctx = self._ctx()
+        fresh = fresh_dataset_rng(report, training_pass, replayed)
+        if fresh is not None:
+            ctx["contract"] = {"fresh_dataset_rng": fresh}
         event = self._event(
             "call",
             name="torch.utils.data._utils.worker._worker_loop",
@@ -100,9 +109,9 @@ class WorkerReports:
             phase="post",
             cid=next(self._cids),
             parent=None,
-            args=worker_seed_report(worker_id, num_workers),
+            args=report,
             ret=None,
-            ctx=self._ctx(),
+            ctx=ctx,
         )
         self.recorder.append(event)
         self.recorder.flush_partial()

@@ -38,6 +38,8 @@ DESCRIPTIONS: dict[str, str] = {
                            "gradient is held by an optimizer"),
     "frozen_norm_keeps_stats": ("a BatchNorm layer whose affine parameters are all frozen never runs {api} in "
                                 "training mode with gradients enabled (it would still update its running statistics)"),
+    "fresh_dataset_rng": ("a DataLoader worker of a training pass never starts ({api}) from the dataset-owned RNG "
+                          "state that an earlier training pass's workers started from"),
 }
 HINTS: dict[str, str] = {
     "unscaled_grads": ("the gradients are still multiplied by the loss scale (65536 to start with): the clip sees a "
@@ -71,6 +73,10 @@ HINTS: dict[str, str] = {
                                 "mean and variance: in training mode every forward moves them towards the current "
                                 "batches, so the frozen backbone's features drift; put the frozen part in eval() "
                                 "after every model.train() (Lightning: also after validation)"),
+    "fresh_dataset_rng": ("the dataset keeps its own RNG (a RandomState/Generator attribute) and only its copies in "
+                          "the workers advance: workers started again each epoch begin from the same state, so every "
+                          "epoch replays the same random crops, flips and noise; reseed it in a worker_init_fn from "
+                          "torch.initial_seed() (or get_worker_info().seed), or use persistent_workers=True"),
 }
 
 
