@@ -255,7 +255,10 @@ DATALOADER_EPOCH = "torch.utils.data.DataLoader.__iter__"
 #: forward in training mode with gradients has affine parameters that are not all frozen
 #: (a frozen one would still move its running statistics); ``fresh_dataset_rng`` — a
 #: DataLoader worker of a training pass does not start (after its ``worker_init_fn``) from
-#: the dataset RNG state that an earlier training pass's workers started from.
+#: the dataset RNG state that an earlier training pass's workers started from;
+#: ``clears_used_grads`` / ``module_clears_used_grads`` — an ``Optimizer.zero_grad`` /
+#: ``Module.zero_grad`` does not clear finite gradients of an optimizer that has stepped
+#: before which a backward produced since the last optimizer step (accumulation wiped).
 CONTRACTS: dict[str, str] = {
     "unscaled_grads": CLIP_GRAD_NORM,
     "replaces_weights": MODULE_LOAD_STATE_DICT,
@@ -267,6 +270,8 @@ CONTRACTS: dict[str, str] = {
     "frozen_norm_keeps_stats": MODULE_FORWARD,
     "reshuffles_each_epoch": DATALOADER_EPOCH,
     "fresh_dataset_rng": WORKER_INIT_API,
+    "clears_used_grads": OPTIMIZER_ZERO_GRAD,
+    "module_clears_used_grads": MODULE_ZERO_GRAD,
 }
 
 #: Optimizers are named ``opt<i>`` on the wire (``obj`` of their calls, ``clears`` of a

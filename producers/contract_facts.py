@@ -5,7 +5,8 @@ live objects: which optimizers stepped with state, whether a loss scale is pendi
 which modules ran with gradients since the last step, which sampler passes began,
 which optimizers have learned and for how many steps their rates have been zero,
 what each parameter held before its first update, which frozen parameters to watch,
-which dataset RNG state the workers of the latest training pass started from.
+which dataset RNG state the workers of the latest training pass started from, whether
+the latest backward's gradients are still unused.
 They live together here so that the tracer holds one object for all of them.
 """
 
@@ -23,6 +24,7 @@ from .optimizer_restarts import OptimizerRestarts
 from .replayed_rngs import ReplayedRngs
 from .sampler_epochs import SamplerEpochs
 from .unfrozen_params import UnfrozenParams
+from .wasted_grads import WastedGrads
 from .weight_rewinds import WeightRewinds
 
 
@@ -36,8 +38,10 @@ class ContractFacts:
     rewinds: WeightRewinds
     unfrozen: UnfrozenParams
     replayed_rngs: ReplayedRngs
+    wasted_grads: WastedGrads
 
     @classmethod
     def create(cls, is_trained: Callable[[torch.Tensor], bool]) -> "ContractFacts":
         return cls(OptimizerRestarts(is_trained), LossScaleTracker(), GraphCuts(), SamplerEpochs(),
-                   LearningRates(), WeightRewinds(), UnfrozenParams(), ReplayedRngs())
+                   LearningRates(), WeightRewinds(), UnfrozenParams(), ReplayedRngs(),
+                   WastedGrads())

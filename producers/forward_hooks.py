@@ -46,6 +46,8 @@ class ForwardHooks:
             tls.depth = depth + 1
             if depth == 0:
                 tls.root_grad = torch.is_grad_enabled()
+                if tls.root_grad:
+                    self.contracts.wasted_grads.model_inputs(args)
                 tls.root_paths = self.registry.add_root(module)
                 index = self.registry.root_index(module)
                 tls.root_obj = None if index is None else f"m{index}"

@@ -124,6 +124,9 @@ def _signature(function: Callable[..., Any]) -> tuple[list[str], dict[str, bool]
 MODE_FLAGS = frozenset({"training"})
 
 
+#: the contract a gradient clear carries (`producers.wasted_grads`), by the API that clears
+CLEARING_CONTRACTS = {OPTIMIZER_ZERO_GRAD: "clears_used_grads", MODULE_ZERO_GRAD: "module_clears_used_grads"}
+
 #: APIs whose calls shape windows and stages: wrapped even when not recorded
 BOUNDARY_APIS = frozenset(
     {OPTIMIZER_ZERO_GRAD, MODULE_ZERO_GRAD, MODULE_TRAIN, MODULE_EVAL, *BACKWARD_APIS}
@@ -192,6 +195,7 @@ def _begin(
     contract = None
     if spec.api == CLIP_GRAD_NORM:
         contract = {"unscaled_grads": not tracer.contracts.loss_scale.scaled}
+        tracer.contracts.wasted_grads.inspected()
     if spec.method and args:
         cls = type(args[0])
         name = f"{cls.__module__}.{cls.__qualname__}.{method_suffix}"
@@ -202,6 +206,10 @@ def _begin(
             index = tracer.registry.add_optimizer(optimizer)
             tracer.ownership.optimizer_seen(optimizer, index)
             extra = {"obj": optimizer_id(index)}
+        if spec.api in CLEARING_CONTRACTS and not tracer.in_optimizer_step:
+            cleared = [extra["obj"]] if spec.api == OPTIMIZER_ZERO_GRAD else (extra or {}).get("clears") or ()
+            used = tracer.contracts.wasted_grads.clears_used_grads(tracer.ownership.stepped_optimizers(cleared))
+            contract = None if used is None else {CLEARING_CONTRACTS[spec.api]: used}
         elif isinstance(args[0], torch.autocast):
             call_args.update(_autocast_args(args[0]))
     else:

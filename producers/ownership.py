@@ -94,6 +94,16 @@ class ParameterOwnership:
             if params and ref() is not None and params <= held
         ]
 
+    def stepped_optimizers(self, names: Iterable[str]) -> list[torch.optim.Optimizer]:
+        """The live optimizers among ``names`` (``opt<i>``) that have stepped before."""
+        wanted = set(names)
+        found = []
+        for index, (ref, _) in sorted(self._optimizers.items()):
+            optimizer = ref()
+            if optimizer is not None and index in self.stepped and optimizer_id(index) in wanted:
+                found.append(optimizer)
+        return found
+
     def live_optimizers(self) -> list[tuple[str, list[torch.Tensor]]]:
         """``(opt<i>, its parameters)`` of every optimizer still alive."""
         alive = []

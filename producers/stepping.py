@@ -86,6 +86,8 @@ class StepBoundaries:
         if api in BACKWARD_APIS or api == OPTIMIZER_STEP:
             self._record_hand_clears()
             if api in BACKWARD_APIS:
+                if not self._stepping:
+                    self.contracts.wasted_grads.backward_ran()
                 self._backward_ran = self._backward_since_step = True
                 self._skip_signalled = False
                 self.hand_clears.backward_ran()
@@ -167,6 +169,7 @@ class StepBoundaries:
         try:
             index = self.registry.add_optimizer(optimizer)
             self.ownership.optimizer_seen(optimizer, index)
+            self.contracts.wasted_grads.optimizer_stepped()
             self._tail_start = None
             self._apply(self.loop.optimizer_step_begins(self.recorder.position))
             self._stepping.add(id(optimizer))

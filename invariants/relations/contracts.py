@@ -40,7 +40,15 @@ DESCRIPTIONS: dict[str, str] = {
                                 "training mode with gradients enabled (it would still update its running statistics)"),
     "fresh_dataset_rng": ("a DataLoader worker of a training pass never starts ({api}) from the dataset-owned RNG "
                           "state that an earlier training pass's workers started from"),
+    "clears_used_grads": ("{api} never clears gradients that a backward produced since the last optimizer step "
+                          "before an optimizer used them"),
+    "module_clears_used_grads": ("{api} never clears an optimizer's gradients that a backward produced since the "
+                                 "last optimizer step before an optimizer used them"),
 }
+WIPED_ACCUMULATION = ("the gradients of a backward were cleared before any optimizer step used them: with gradient "
+                      "accumulation only the last micro-batch reaches the update; clear once per optimizer step, "
+                      "after it (inside accelerate's accumulate(), call the prepared optimizer's zero_grad, which "
+                      "skips accumulating micro-steps, not model.zero_grad())")
 HINTS: dict[str, str] = {
     "unscaled_grads": ("the gradients are still multiplied by the loss scale (65536 to start with): the clip sees a "
                        "norm thousands of times too large and shrinks every update; call scaler.unscale_(optimizer) "
@@ -77,6 +85,8 @@ HINTS: dict[str, str] = {
                           "the workers advance: workers started again each epoch begin from the same state, so every "
                           "epoch replays the same random crops, flips and noise; reseed it in a worker_init_fn from "
                           "torch.initial_seed() (or get_worker_info().seed), or use persistent_workers=True"),
+    "clears_used_grads": WIPED_ACCUMULATION,
+    "module_clears_used_grads": WIPED_ACCUMULATION,
 }
 
 

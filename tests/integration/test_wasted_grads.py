@@ -1,0 +1,116 @@
+"""A gradient clear between a backward and the optimizer step that would use it throws
+that backward away (``zero_grad`` inside the accumulation loop; ``model.zero_grad()``
+inside accelerate's ``accumulate``): the clear breaks ``clears_used_grads`` /
+``module_clears_used_grads``.  The healthy loops a blunter rule would flag keep it or
+are not judged: accumulation cleared once per step, a GAN whose generator backward
+reaches the discriminator, a step GradScaler skipped on overflow, a step skipped on a
+gradient-norm spike, adversarial training, a sanity backward during setup and LBFGS
+closures."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import producers
+from invariants.events import MODULE_ZERO_GRAD, OPTIMIZER_ZERO_GRAD
+from tests.support.producer_traces import trace_batches, trace_events
+
+
+def _kept(tmp_path, api: str = OPTIMIZER_ZERO_GRAD, obj: str | None = None) -> list:
+    """Each clear's verdict (None: not judged), of one optimizer's clears if ``obj``."""
+    contracts = [(event.get("ctx") or {}).get("contract") for _, event in trace_events(trace_batches(tmp_path))
+                 if event["kind"] == "call" and event["phase"] == "pre" and event["api"] == api
+                 and obj in (None, event.get("obj"))]
+    return [next(iter(c.values())) if c else None for c in contracts]
+
+
+def _model() -> nn.Module:
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+
+
+def _loss(model: nn.Module, x: torch.Tensor | None = None) -> torch.Tensor:
+    return model(torch.randn(8, 4) if x is None else x).pow(2).mean()
+
+
+def _accumulate(tmp_path, clear_every_micro_batch: bool, module_clear: bool = False) -> None:
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with producers.instrument(run_id="r-acc", trace_dir=tmp_path, quiet=True):
+        for micro in range(12):
+            if clear_every_micro_batch and micro >= 6:
+                model.zero_grad() if module_clear else optimizer.zero_grad()
+            _loss(model).backward()
+            if micro % 3 == 2:
+                optimizer.step()
+                optimizer.zero_grad()
+
+
+def test_a_clear_inside_the_accumulation_loop_breaks_the_contract_at_each_wiped_micro_batch(tmp_path):
+    _accumulate(tmp_path, clear_every_micro_batch=True)
+    # micro-batch 6 starts a cycle (nothing to wipe); 7 and 8 wipe, as do 10 and 11
+    assert _kept(tmp_path) == [True, True, True, False, False, True, True, False, False, True]
+
+
+def test_a_model_zero_grad_inside_accumulation_breaks_the_module_contract(tmp_path):
+    _accumulate(tmp_path, clear_every_micro_batch=True, module_clear=True)
+    assert _kept(tmp_path, MODULE_ZERO_GRAD) == [True, False, False, True, False, False]
+
+
+def test_accumulation_cleared_once_per_step_keeps_the_contract(tmp_path):
+    _accumulate(tmp_path, clear_every_micro_batch=False)
+    assert _kept(tmp_path) == [True, True, True, True]
+
+
+def test_a_gan_whose_generator_backward_reaches_the_discriminator_keeps_the_contract(tmp_path):
+    generator, discriminator = nn.Linear(2, 4), nn.Linear(4, 1)
+    opt_g = torch.optim.Adam(generator.parameters())
+    opt_d = torch.optim.Adam(discriminator.parameters())
+    with producers.instrument(run_id="r-gan", trace_dir=tmp_path, quiet=True):
+        for _ in range(4):
+            discriminator.zero_grad()
+            fake = generator(torch.randn(8, 2))
+            (F.softplus(discriminator(fake.detach())) + F.softplus(-discriminator(torch.randn(8, 4)))).mean().backward()
+            opt_d.step()
+            generator.zero_grad()
+            F.softplus(-discriminator(fake)).mean().backward()  # reaches the discriminator too
+            opt_g.step()
+    assert all(kept is not False for kept in _kept(tmp_path, MODULE_ZERO_GRAD))
+    assert True in _kept(tmp_path, MODULE_ZERO_GRAD)
+
+
+def test_skipped_steps_adversarial_inputs_setup_and_closures_are_not_judged(tmp_path):
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    lbfgs = torch.optim.LBFGS(model.parameters(), max_iter=3)
+    with producers.instrument(run_id="r-skips", trace_dir=tmp_path, quiet=True):
+        _loss(model).backward()  # a sanity backward in setup, before any step
+        optimizer.zero_grad()
+        for step in range(2):
+            _loss(model).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        _loss(model).backward()  # a gradient-norm spike: inspected, then skipped
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.zero_grad()
+        (_loss(model) * float("inf")).backward()  # overflow: not finite
+        optimizer.zero_grad()
+        delta = torch.zeros(8, 4, requires_grad=True)  # FGSM: input gradients, parameters' discarded
+        _loss(model, torch.randn(8, 4) + delta).backward()
+        optimizer.zero_grad()
+        _loss(model).backward()
+        optimizer.step()
+
+        def closure():
+            lbfgs.zero_grad()
+            loss = _loss(model)
+            loss.backward()
+            return loss
+
+        lbfgs.step(closure)
+        optimizer.zero_grad()
+    # setup clear, 2 clears after steps, spike skip, overflow (wasted nothing finite),
+    # adversarial, the clear after LBFGS (the closure's own clears run inside its step)
+    assert _kept(tmp_path, obj="opt0") == [None, True, True, None, True, None, True]
+    assert set(_kept(tmp_path, obj="opt1")) == {None}
