@@ -258,7 +258,10 @@ DATALOADER_EPOCH = "torch.utils.data.DataLoader.__iter__"
 #: the dataset RNG state that an earlier training pass's workers started from;
 #: ``clears_used_grads`` / ``module_clears_used_grads`` — an ``Optimizer.zero_grad`` /
 #: ``Module.zero_grad`` does not clear finite gradients of an optimizer that has stepped
-#: before which a backward produced since the last optimizer step (accumulation wiped).
+#: before which a backward produced since the last optimizer step (accumulation wiped);
+#: ``keeps_weights_after_eval`` — an optimizer's first step after an evaluation finds the
+#: weights it left at its previous step (weights swapped in for the evaluation were
+#: swapped back), where its weights otherwise stay put between steps.
 CONTRACTS: dict[str, str] = {
     "unscaled_grads": CLIP_GRAD_NORM,
     "replaces_weights": MODULE_LOAD_STATE_DICT,
@@ -267,6 +270,7 @@ CONTRACTS: dict[str, str] = {
     "keeps_learning": OPTIMIZER_STEP,
     "keeps_trained_weights": OPTIMIZER_STEP,
     "optimizes_unfrozen": OPTIMIZER_STEP,
+    "keeps_weights_after_eval": OPTIMIZER_STEP,
     "frozen_norm_keeps_stats": MODULE_FORWARD,
     "reshuffles_each_epoch": DATALOADER_EPOCH,
     "fresh_dataset_rng": WORKER_INIT_API,

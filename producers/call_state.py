@@ -31,7 +31,7 @@ class ThreadState(threading.local):
 class CallToken:
     """What a wrapper needs to close the call it opened."""
 
-    __slots__ = ("cid", "api", "name", "snapshot_of", "restore_stage", "group", "post_attrs")
+    __slots__ = ("cid", "api", "name", "snapshot_of", "restore_stage", "group", "pre_attrs", "post_attrs")
 
     def __init__(self, cid: int, api: str, name: str) -> None:
         self.cid = cid
@@ -40,4 +40,5 @@ class CallToken:
         self.snapshot_of: torch.optim.Optimizer | None = None
         self.restore_stage: str | None = None
         self.group: str | None = None
+        self.pre_attrs: list[tuple[Any, dict[str, Any]]] | None = None
         self.post_attrs: list[tuple[Any, dict[str, Any]]] | None = None

@@ -6,7 +6,8 @@ which modules ran with gradients since the last step, which sampler passes began
 which optimizers have learned and for how many steps their rates have been zero,
 what each parameter held before its first update, which frozen parameters to watch,
 which dataset RNG state the workers of the latest training pass started from, whether
-the latest backward's gradients are still unused.
+the latest backward's gradients are still unused, the weights each optimizer left at
+its latest step.
 They live together here so that the tracer holds one object for all of them.
 """
 
@@ -18,6 +19,7 @@ from typing import Callable
 import torch
 
 from .amp_scaling import LossScaleTracker
+from .eval_weights import EvalWeights
 from .graph_cuts import GraphCuts
 from .learning_rates import LearningRates
 from .optimizer_restarts import OptimizerRestarts
@@ -39,9 +41,10 @@ class ContractFacts:
     unfrozen: UnfrozenParams
     replayed_rngs: ReplayedRngs
     wasted_grads: WastedGrads
+    eval_weights: EvalWeights
 
     @classmethod
     def create(cls, is_trained: Callable[[torch.Tensor], bool]) -> "ContractFacts":
         return cls(OptimizerRestarts(is_trained), LossScaleTracker(), GraphCuts(), SamplerEpochs(),
                    LearningRates(), WeightRewinds(), UnfrozenParams(), ReplayedRngs(),
-                   WastedGrads())
+                   WastedGrads(), EvalWeights())

@@ -107,6 +107,7 @@ def _optimizer_load_state_dict(tracer: "Tracer") -> Callable[[Callable[..., Any]
             if tracer.enabled:
                 try:
                     tracer.contracts.rewinds.state_restored(self)
+                    tracer.contracts.eval_weights.state_loaded(self)
                 except Exception as exc:
                     tracer.internal_error("optimizer state load", exc)
             return result

@@ -24,6 +24,8 @@ import torch
 
 from invariants.events import optimizer_id
 
+from .digest import tensor_digests
+
 
 def optimizer_param_ids(optimizer: torch.optim.Optimizer) -> frozenset[int]:
     return frozenset(id(p) for group in optimizer.param_groups for p in group.get("params", ()))
@@ -93,6 +95,18 @@ class ParameterOwnership:
             for index, (ref, params) in sorted(self._optimizers.items())
             if params and ref() is not None and params <= held
         ]
+
+    def digests_held_alone(self, optimizer: torch.optim.Optimizer) -> dict[int, str]:
+        """Data digests of the parameters ``optimizer`` holds and no other live optimizer
+        does, by ``id`` (digests a device computes are read back at once)."""
+        others = set()
+        for ref, params in self._optimizers.values():
+            other = ref()
+            if other is not None and other is not optimizer:
+                others |= params
+        mine = [p for group in optimizer.param_groups for p in group.get("params", ())
+                if isinstance(p, torch.Tensor) and id(p) not in others]
+        return {id(p): digest for p, digest in zip(mine, tensor_digests(mine)) if isinstance(digest, str)}
 
     def stepped_optimizers(self, names: Iterable[str]) -> list[torch.optim.Optimizer]:
         """The live optimizers among ``names`` (``opt<i>``) that have stepped before."""

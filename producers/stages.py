@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 import torch
 
 if TYPE_CHECKING:
+    from .contract_facts import ContractFacts
     from .ownership import ParameterOwnership
     from .params import ParameterRegistry
     from .recorder import StepRecorder
@@ -102,6 +103,7 @@ class StageSwitching:
     recorder: "StepRecorder"
     registry: "ParameterRegistry"
     ownership: "ParameterOwnership"
+    contracts: "ContractFacts"
 
     @contextmanager
     def explicit_stage(self, name: str) -> Iterator[None]:
@@ -122,6 +124,8 @@ class StageSwitching:
             # What ran since the last iteration ended (a test function re-seeding before
             # it calls ``model.eval()``) belongs to the evaluation, not to training.
             self.recorder.relabel_stage(self._tail_start, "train", "eval")
+        if stage == "eval" and self.stage != "eval":
+            self.contracts.eval_weights.evaluated()
         self.stage = stage
 
     def mode_switched(self, module: torch.nn.Module) -> None:

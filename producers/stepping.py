@@ -36,6 +36,7 @@ from invariants.events import (
 from .iterations import Boundary, IterationTracker
 from .call_state import CallToken
 from .grad_clears import HandClears, cleared_inside_optimizer_update
+from .eval_weights import digests_of
 from .learning_rates import all_rates_zero
 from .sampler_epochs import record_trained_passes
 from .selection import INIT_FUNCTIONS
@@ -228,7 +229,9 @@ class StepBoundaries:
                       "keeps_learning": self.contracts.learning_rates.keeps_learning(optimizer),
                       "keeps_trained_weights": self.contracts.rewinds.keeps_trained_weights(optimizer),
                       "optimizes_unfrozen": self.contracts.unfrozen.optimizes_unfrozen(
-                          self.registry.roots(), self.ownership.live_optimizers)},
+                          self.registry.roots(), self.ownership.live_optimizers),
+                      "keeps_weights_after_eval": self.contracts.eval_weights.keeps_weights_after_eval(
+                          optimizer, lambda: self.ownership.digests_held_alone(optimizer))},
         )
         if token is not None:
             self._open_steps[id(optimizer)] = token
@@ -244,6 +247,8 @@ class StepBoundaries:
             token = self._open_steps.pop(id(optimizer), None)
             self.end_call(token)
             just_taken = token.post_attrs if token is not None else None
+            self.contracts.eval_weights.stepped(optimizer, digests_of(token.pre_attrs if token else None),
+                                                digests_of(just_taken))
             self.loop.optimizer_step_ended()
             self.ownership.optimizer_stepped(optimizer, self.registry.add_optimizer(optimizer))
             self.contracts.restarts.stepped(optimizer)

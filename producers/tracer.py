@@ -261,7 +261,7 @@ class Tracer(StepBoundaries, ForwardHooks, StageSwitching, WorkerReports):
             if optimizer is not None and api in SNAPSHOT_APIS and self._snapshots and self.sampled:
                 token.snapshot_of = optimizer
                 if self.selection.wants_point(f"pre:{api}"):
-                    self._snapshot(
+                    token.pre_attrs = self._snapshot(
                         self.registry.optimizer_entries(optimizer), f"pre:{api}", token.cid,
                         data=api != OPTIMIZER_ZERO_GRAD,
                     )

@@ -40,6 +40,8 @@ DESCRIPTIONS: dict[str, str] = {
                                 "training mode with gradients enabled (it would still update its running statistics)"),
     "fresh_dataset_rng": ("a DataLoader worker of a training pass never starts ({api}) from the dataset-owned RNG "
                           "state that an earlier training pass's workers started from"),
+    "keeps_weights_after_eval": ("{api} resumes after an evaluation from the weights it left at its previous step "
+                                 "(whatever the evaluation swapped in was swapped back out)"),
     "clears_used_grads": ("{api} never clears gradients that a backward produced since the last optimizer step "
                           "before an optimizer used them"),
     "module_clears_used_grads": ("{api} never clears an optimizer's gradients that a backward produced since the "
@@ -85,6 +87,11 @@ HINTS: dict[str, str] = {
                           "the workers advance: workers started again each epoch begin from the same state, so every "
                           "epoch replays the same random crops, flips and noise; reseed it in a worker_init_fn from "
                           "torch.initial_seed() (or get_worker_info().seed), or use persistent_workers=True"),
+    "keeps_weights_after_eval": ("the weights changed between the last step before an evaluation and the first "
+                                 "one after it, though they stay put between steps otherwise: weights swapped in for "
+                                 "the evaluation (EMA/averaged weights copied with copy_to or p.copy_) were never "
+                                 "swapped back, so training goes on from them with moments computed for others; "
+                                 "store() before and restore() after evaluating, or evaluate a copy of the model"),
     "clears_used_grads": WIPED_ACCUMULATION,
     "module_clears_used_grads": WIPED_ACCUMULATION,
 }

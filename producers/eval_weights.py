@@ -1,0 +1,88 @@
+"""Training that resumes after an evaluation from weights the evaluation put there.
+
+Evaluating with averaged weights means swapping them in and back out: diffusers'
+``EMAModel.store()``/``copy_to()``/``restore()``, timm's and Lightning callbacks'
+backup and restore.  When the restore is missing (diffusers issue 2321, Open-Sora-Plan
+issue 186) the EMA weights stay in the model and the optimizer steps on from them,
+its moments computed for other weights; the loss only looks smoother.  So at an
+optimizer's first step after an evaluation (the stage switched to ``eval`` since its
+previous step), the weights it holds must be those it left at that step — provided
+they also were at its latest step without an evaluation in between: a loop that
+changes weights between steps anyway (WGAN weight clipping, max-norm projection,
+hand-written weight decay) shows it there, and is not judged.
+
+The weights are compared by the data digests of the step snapshots: the post-step
+snapshot of the previous step, against the pre-step snapshot of the next (between two
+steps without an evaluation) or a digest taken before the first step after an
+evaluation (one pass over the optimizer's parameters per evaluation).  Not judged:
+steps whose neighbours were not snapshotted (sampling), digests not yet read back from
+an accelerator, parameters several live optimizers hold, and an optimizer whose state
+``Optimizer.load_state_dict`` restored since (a resume restores weights and moments
+together).  The contract is ``keeps_weights_after_eval`` on ``Optimizer.step``.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+
+Digests = dict[int, str]  # id(parameter) -> data digest
+
+
+def digests_of(taken: Sequence[tuple[Any, dict[str, Any]]] | None) -> Digests | None:
+    """The data digests a snapshot read (None: no snapshot); digests still on their way
+    back from an accelerator are left out."""
+    if taken is None:
+        return None
+    return {id(entry.param): attrs["data_digest"] for entry, attrs in taken
+            if isinstance(attrs.get("data_digest"), str)}
+
+
+def _unchanged(before: Digests, now: Digests) -> bool:
+    return all(now[key] == digest for key, digest in before.items() if key in now)
+
+
+@dataclass
+class _Steps:
+    post: Digests | None = None  # after the latest step
+    evaluations_at_post: int = 0
+    stable: bool | None = None  # weights unchanged between its latest two steps without an evaluation
+
+
+class EvalWeights:
+    """Per optimizer: the digests it left at its latest step, and whether its weights
+    stay put between steps when nothing evaluates."""
+
+    def __init__(self) -> None:
+        self.evaluations = 0
+        self._steps: "weakref.WeakKeyDictionary[torch.optim.Optimizer, _Steps]" = weakref.WeakKeyDictionary()
+
+    def evaluated(self) -> None:
+        self.evaluations += 1
+
+    def state_loaded(self, optimizer: torch.optim.Optimizer) -> None:
+        steps = self._steps.get(optimizer)
+        if steps is not None:
+            steps.post = steps.stable = None
+
+    def keeps_weights_after_eval(self, optimizer: torch.optim.Optimizer,
+                                 digest_now: Callable[[], Digests]) -> bool | None:
+        """Judged before a step's ``pre`` event; ``digest_now`` digests the parameters
+        the optimizer alone holds (called only at its first step after an evaluation)."""
+        steps = self._steps.get(optimizer)
+        if steps is None or steps.post is None or steps.evaluations_at_post == self.evaluations:
+            return None
+        if steps.stable is not True:
+            return None
+        return _unchanged(steps.post, digest_now())
+
+    def stepped(self, optimizer: torch.optim.Optimizer, pre: Digests | None, post: Digests | None) -> None:
+        """After a step, with its pre- and post-step digests (None: not snapshotted)."""
+        steps = self._steps.setdefault(optimizer, _Steps())
+        consecutive = steps.post is not None and pre is not None
+        if consecutive and steps.evaluations_at_post == self.evaluations:
+            steps.stable = _unchanged(steps.post, pre)  # type: ignore[arg-type]
+        steps.post, steps.evaluations_at_post = post, self.evaluations

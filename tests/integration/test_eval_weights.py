@@ -1,0 +1,95 @@
+"""Weights swapped in for an evaluation (EMA weights copied into the live model) and not
+swapped back make the next optimizer step break ``keeps_weights_after_eval``.  A swap
+that is restored, an evaluation that changes nothing, loops that change weights between
+every two steps anyway (WGAN clipping) and a resume that restores the optimizer's
+state as well keep the contract or are not judged."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import producers
+from invariants.events import OPTIMIZER_STEP
+from tests.support.producer_traces import trace_batches, trace_events
+
+
+def _verdicts(tmp_path) -> list:
+    """The contract of each optimizer step, in order (None: not judged)."""
+    return [((event.get("ctx") or {}).get("contract") or {}).get("keeps_weights_after_eval")
+            for _, event in trace_events(trace_batches(tmp_path))
+            if event["kind"] == "call" and event["phase"] == "pre" and event["api"] == OPTIMIZER_STEP]
+
+
+def _train_evaluate_train(tmp_path, between_evaluation, after_step=None) -> list:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    shadow = [p.detach().clone() for p in model.parameters()]
+
+    def step():
+        optimizer.zero_grad()
+        model(torch.randn(8, 4)).pow(2).mean().backward()
+        optimizer.step()
+        if after_step is not None:
+            after_step(model)
+        with torch.no_grad():
+            for averaged, p in zip(shadow, model.parameters()):
+                averaged.lerp_(p, 0.1)
+
+    with producers.instrument(run_id="r-eval", trace_dir=tmp_path, quiet=True):
+        model.train()
+        for _ in range(4):
+            step()
+        between_evaluation(model, optimizer, shadow)
+        model.train()
+        for _ in range(2):
+            step()
+    return _verdicts(tmp_path)
+
+
+def _evaluate(model: nn.Module) -> None:
+    model.eval()
+    with torch.no_grad():
+        model(torch.randn(8, 4))
+
+
+def test_ema_weights_copied_in_for_evaluation_and_never_restored_break_the_contract(tmp_path):
+    def swap_in(model, optimizer, shadow):
+        for p, averaged in zip(model.parameters(), shadow):
+            p.data.copy_(averaged)  # diffusers' EMAModel.copy_to without store()/restore()
+        _evaluate(model)
+
+    assert _train_evaluate_train(tmp_path, swap_in) == [None] * 4 + [False, None]
+
+
+def test_a_restored_swap_and_an_evaluation_that_changes_nothing_keep_the_contract(tmp_path):
+    def swap_and_restore(model, optimizer, shadow):
+        backup = [p.detach().clone() for p in model.parameters()]
+        with torch.no_grad():
+            for p, averaged in zip(model.parameters(), shadow):
+                p.copy_(averaged)
+        _evaluate(model)
+        with torch.no_grad():
+            for p, kept in zip(model.parameters(), backup):
+                p.copy_(kept)
+
+    assert _train_evaluate_train(tmp_path, swap_and_restore) == [None] * 4 + [True, None]
+    assert _train_evaluate_train(tmp_path / "plain", lambda model, *_: _evaluate(model)) == [None] * 4 + [True, None]
+
+
+def test_weights_changed_between_every_step_or_restored_with_the_optimizer_state_are_not_judged(tmp_path):
+    def clip(model):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.clamp_(-0.05, 0.05)  # WGAN weight clipping after each step
+
+    assert set(_train_evaluate_train(tmp_path, lambda model, *_: _evaluate(model), after_step=clip)) == {None}
+
+    def resume(model, optimizer, shadow):
+        checkpoint = {"model": {k: v + 1 for k, v in model.state_dict().items()}, "optimizer": optimizer.state_dict()}
+        _evaluate(model)
+        model.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+
+    assert set(_train_evaluate_train(tmp_path / "resume", resume)) == {None}
