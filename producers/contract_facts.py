@@ -14,7 +14,7 @@ They live together here so that the tracer holds one object for all of them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
@@ -29,6 +29,9 @@ from .unfrozen_params import UnfrozenParams
 from .wasted_grads import WastedGrads
 from .weight_rewinds import WeightRewinds
 
+if TYPE_CHECKING:
+    from .ownership import ParameterOwnership
+
 
 @dataclass(frozen=True)
 class ContractFacts:
@@ -42,6 +45,19 @@ class ContractFacts:
     replayed_rngs: ReplayedRngs
     wasted_grads: WastedGrads
     eval_weights: EvalWeights
+
+    def at_step(self, optimizer: torch.optim.Optimizer, roots: Callable[[], list[torch.nn.Module]],
+                ownership: "ParameterOwnership") -> dict[str, bool | None]:
+        """The contracts judged at an optimizer step, before its ``pre`` event."""
+        return {
+            "keeps_optimizer_state": self.restarts.keeps_state(optimizer),
+            "grads_reach_what_ran": self.graph_cuts.reaches_what_ran(optimizer, roots),
+            "keeps_learning": self.learning_rates.keeps_learning(optimizer),
+            "keeps_trained_weights": self.rewinds.keeps_trained_weights(optimizer),
+            "optimizes_unfrozen": self.unfrozen.optimizes_unfrozen(roots(), ownership.live_optimizers),
+            "keeps_weights_after_eval": self.eval_weights.keeps_weights_after_eval(
+                optimizer, lambda: ownership.digests_held_alone(optimizer)),
+        }
 
     @classmethod
     def create(cls, is_trained: Callable[[torch.Tensor], bool]) -> "ContractFacts":

@@ -224,14 +224,7 @@ class StepBoundaries:
             extra={"obj": name, "trained": trained, "cleared": cleared,
                    "backprop": self._backward_ran},
             optimizer=None if all_rates_zero(optimizer) else optimizer,
-            contract={"keeps_optimizer_state": self.contracts.restarts.keeps_state(optimizer),
-                      "grads_reach_what_ran": self.contracts.graph_cuts.reaches_what_ran(optimizer, self.registry.roots),
-                      "keeps_learning": self.contracts.learning_rates.keeps_learning(optimizer),
-                      "keeps_trained_weights": self.contracts.rewinds.keeps_trained_weights(optimizer),
-                      "optimizes_unfrozen": self.contracts.unfrozen.optimizes_unfrozen(
-                          self.registry.roots(), self.ownership.live_optimizers),
-                      "keeps_weights_after_eval": self.contracts.eval_weights.keeps_weights_after_eval(
-                          optimizer, lambda: self.ownership.digests_held_alone(optimizer))},
+            contract=self.contracts.at_step(optimizer, self.registry.roots, self.ownership),
         )
         if token is not None:
             self._open_steps[id(optimizer)] = token
