@@ -36,6 +36,7 @@ from invariants.events import (
 )
 
 from .checkpoint_hooks import install_checkpoint_hooks
+from .grad_clears import cleared_inside_optimizer_update
 from .function_mode import ModeHandle, RecordingMode, mode_target, safe_resolve
 from .identity_hooks import install_identity_hooks
 from .script_hooks import patch_jit_script
@@ -206,7 +207,7 @@ def _begin(
             index = tracer.registry.add_optimizer(optimizer)
             tracer.ownership.optimizer_seen(optimizer, index)
             extra = {"obj": optimizer_id(index)}
-        if spec.api in CLEARING_CONTRACTS and not tracer.in_optimizer_step:
+        if spec.api in CLEARING_CONTRACTS and not tracer.in_optimizer_step and not cleared_inside_optimizer_update():
             cleared = [extra["obj"]] if spec.api == OPTIMIZER_ZERO_GRAD else (extra or {}).get("clears") or ()
             used = tracer.contracts.wasted_grads.clears_used_grads(tracer.ownership.stepped_optimizers(cleared))
             contract = None if used is None else {CLEARING_CONTRACTS[spec.api]: used}

@@ -13,13 +13,19 @@ before the discriminator's next clear.
 So each ``zero_grad`` that clears the gradients of optimizers that have stepped before
 carries a contract (``clears_used_grads`` on ``Optimizer.zero_grad``,
 ``module_clears_used_grads`` on ``Module.zero_grad``): it does not clear finite, non-zero
-gradients of theirs that a backward since the last optimizer step produced.  Not judged
-(None): optimizers before their first step (a sanity backward during setup), clears
-inside a step (closures), and a backward whose gradients the program then inspected
-(``clip_grad_norm_``: a step skipped on a gradient-norm spike) or that ran through a model
-input requiring gradients (adversarial training computes input gradients with a backward
-whose parameter gradients it discards).  Gradients that are not finite (a step skipped
-on overflow, by ``GradScaler`` or by hand) are not a wasted update either.
+gradients of theirs that a backward since the last optimizer step produced — unless it is
+the only such clear between two steps, the previous two included: one discarded
+backward is a step skipped on purpose (a guard, the tail of an epoch whose length the
+accumulation does not divide), a clear in every micro-batch is not.  So accumulation
+over three or more micro-batches is reported in its first cycle, over two in its
+second.  Not judged (None): optimizers before their first step (a sanity backward during
+setup), clears inside a step (closures) or inside an optimizer's own update method
+(sharpness-aware minimisation's ``first_step``), and a backward whose gradients the
+program then inspected (``clip_grad_norm_``: a step skipped on a gradient-norm spike) or
+that ran through a model input requiring gradients (adversarial training computes
+input gradients with a backward whose parameter gradients it discards).  Gradients that
+are not finite (a step skipped on overflow, by ``GradScaler`` or by hand) are not a
+wasted update either.
 """
 
 from __future__ import annotations
@@ -80,6 +86,8 @@ class WastedGrads:
     def __init__(self) -> None:
         self._unused_backward = False
         self._excused = False  # inspected (clip) or input gradients since the last step
+        self._wipes = 0  # clears that discarded gradients since the last optimizer step
+        self._wiped_before = False  # and between the two steps before
 
     def backward_ran(self) -> None:
         self._unused_backward = True
@@ -87,6 +95,7 @@ class WastedGrads:
     def optimizer_stepped(self) -> None:
         self._unused_backward = False
         self._excused = False
+        self._wiped_before, self._wipes = self._wipes > 0, 0
 
     def inspected(self) -> None:
         self._excused = True
@@ -107,6 +116,9 @@ class WastedGrads:
         if not self._unused_backward:
             return True
         try:
-            return None if self._excused else not any(_wasted(optimizer) for optimizer in optimizers)
+            if self._excused or not any(_wasted(optimizer) for optimizer in optimizers):
+                return None if self._excused else True
+            self._wipes += 1
+            return False if self._wipes > 1 or self._wiped_before else None  # one may be a skipped step
         finally:  # what the backward left is gone now
             self._unused_backward = self._excused = False
