@@ -207,18 +207,25 @@ def _begin(
             index = tracer.registry.add_optimizer(optimizer)
             tracer.ownership.optimizer_seen(optimizer, index)
             extra = {"obj": optimizer_id(index)}
-        if spec.api in CLEARING_CONTRACTS and not tracer.in_optimizer_step and not cleared_inside_optimizer_update():
-            cleared = [extra["obj"]] if spec.api == OPTIMIZER_ZERO_GRAD else (extra or {}).get("clears") or ()
-            used = tracer.contracts.wasted_grads.clears_used_grads(tracer.ownership.stepped_optimizers(cleared))
-            contract = None if used is None else {CLEARING_CONTRACTS[spec.api]: used}
         elif isinstance(args[0], torch.autocast):
             call_args.update(_autocast_args(args[0]))
+        if spec.api in CLEARING_CONTRACTS:
+            contract = _clearing_contract(tracer, spec.api, extra or {})
     else:
         name = function_name
         if spec.api in INIT_FUNCTIONS and args:
             extra = tracer.init_target_facts(args[0])
     return tracer.begin_call(spec.api, name, call_args, extra=extra, stage=spec.stage, optimizer=optimizer,
                              contract=contract)
+
+
+def _clearing_contract(tracer: Tracer, api: str, extra: dict[str, Any]) -> dict[str, bool] | None:
+    """Whether a ``zero_grad`` clears gradients no optimizer used yet (`producers.wasted_grads`)."""
+    if tracer.in_optimizer_step or cleared_inside_optimizer_update():
+        return None
+    cleared = [extra.get("obj")] if api == OPTIMIZER_ZERO_GRAD else extra.get("clears") or ()
+    used = tracer.contracts.wasted_grads.clears_used_grads(tracer.ownership.stepped_optimizers(cleared))
+    return None if used is None else {CLEARING_CONTRACTS[api]: used}
 
 
 def _autocast_args(context: Any) -> dict[str, Any]:
