@@ -30,13 +30,12 @@ from typing import Any, Callable, Sequence
 import torch
 
 Digests = dict[int, str]  # id(parameter) -> data digest
+Snapshot = Sequence[tuple[Any, dict[str, Any]]]  # (entry, attrs) as a step snapshot took them
 
 
-def digests_of(taken: Sequence[tuple[Any, dict[str, Any]]] | None) -> Digests | None:
-    """The data digests a snapshot read (None: no snapshot); digests still on their way
-    back from an accelerator are left out."""
-    if taken is None:
-        return None
+def digests_of(taken: Snapshot) -> Digests:
+    """The data digests a snapshot read; digests still on their way back from an
+    accelerator are left out."""
     return {id(entry.param): attrs["data_digest"] for entry, attrs in taken
             if isinstance(attrs.get("data_digest"), str)}
 
@@ -47,14 +46,17 @@ def _unchanged(before: Digests, now: Digests) -> bool:
 
 @dataclass
 class _Steps:
-    post: Digests | None = None  # after the latest step
+    post: Snapshot | None = None  # after the latest step
     evaluations_at_post: int = 0
-    stable: bool | None = None  # weights unchanged between its latest two steps without an evaluation
+    #: the latest two neighbouring snapshots without an evaluation between them (the
+    #: post-step one of a step, the pre-step one of the next): compared only when judging
+    calm: tuple[Snapshot, Snapshot] | None = None
 
 
 class EvalWeights:
-    """Per optimizer: the digests it left at its latest step, and whether its weights
-    stay put between steps when nothing evaluates."""
+    """Per optimizer: the snapshot it left at its latest step, and the latest interval
+    between two of its steps in which nothing evaluated.  Snapshots are kept as taken;
+    digests are only compared at the first step after an evaluation."""
 
     def __init__(self) -> None:
         self.evaluations = 0
@@ -66,7 +68,7 @@ class EvalWeights:
     def state_loaded(self, optimizer: torch.optim.Optimizer) -> None:
         steps = self._steps.get(optimizer)
         if steps is not None:
-            steps.post = steps.stable = None
+            steps.post = steps.calm = None
 
     def keeps_weights_after_eval(self, optimizer: torch.optim.Optimizer,
                                  digest_now: Callable[[], Digests]) -> bool | None:
@@ -75,14 +77,13 @@ class EvalWeights:
         steps = self._steps.get(optimizer)
         if steps is None or steps.post is None or steps.evaluations_at_post == self.evaluations:
             return None
-        if steps.stable is not True:
-            return None
-        return _unchanged(steps.post, digest_now())
+        if steps.calm is None or not _unchanged(digests_of(steps.calm[0]), digests_of(steps.calm[1])):
+            return None  # weights change between steps anyway, or no calm interval was seen
+        return _unchanged(digests_of(steps.post), digest_now())
 
-    def stepped(self, optimizer: torch.optim.Optimizer, pre: Digests | None, post: Digests | None) -> None:
-        """After a step, with its pre- and post-step digests (None: not snapshotted)."""
+    def stepped(self, optimizer: torch.optim.Optimizer, pre: Snapshot | None, post: Snapshot | None) -> None:
+        """After a step, with its pre- and post-step snapshots (None: not taken)."""
         steps = self._steps.setdefault(optimizer, _Steps())
-        consecutive = steps.post is not None and pre is not None
-        if consecutive and steps.evaluations_at_post == self.evaluations:
-            steps.stable = _unchanged(steps.post, pre)  # type: ignore[arg-type]
+        if steps.post is not None and pre is not None and steps.evaluations_at_post == self.evaluations:
+            steps.calm = (steps.post, pre)
         steps.post, steps.evaluations_at_post = post, self.evaluations

@@ -36,7 +36,6 @@ from invariants.events import (
 from .iterations import Boundary, IterationTracker
 from .call_state import CallToken
 from .grad_clears import HandClears, cleared_inside_optimizer_update
-from .eval_weights import digests_of
 from .learning_rates import all_rates_zero
 from .sampler_epochs import record_trained_passes
 from .selection import INIT_FUNCTIONS
@@ -240,8 +239,7 @@ class StepBoundaries:
             token = self._open_steps.pop(id(optimizer), None)
             self.end_call(token)
             just_taken = token.post_attrs if token is not None else None
-            self.contracts.eval_weights.stepped(optimizer, digests_of(token.pre_attrs if token else None),
-                                                digests_of(just_taken))
+            self.contracts.eval_weights.stepped(optimizer, token.pre_attrs if token else None, just_taken)
             self.loop.optimizer_step_ended()
             self.ownership.optimizer_stepped(optimizer, self.registry.add_optimizer(optimizer))
             self.contracts.restarts.stepped(optimizer)
