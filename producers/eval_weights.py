@@ -33,7 +33,7 @@ Digests = dict[int, str]  # id(parameter) -> data digest
 Snapshot = Sequence[tuple[Any, dict[str, Any]]]  # (entry, attrs) as a step snapshot took them
 
 
-def digests_of(taken: Snapshot) -> Digests:
+def _digests_of(taken: Snapshot) -> Digests:
     """The data digests a snapshot read; digests still on their way back from an
     accelerator are left out."""
     return {id(entry.param): attrs["data_digest"] for entry, attrs in taken
@@ -77,9 +77,9 @@ class EvalWeights:
         steps = self._steps.get(optimizer)
         if steps is None or steps.post is None or steps.evaluations_at_post == self.evaluations:
             return None
-        if steps.calm is None or not _unchanged(digests_of(steps.calm[0]), digests_of(steps.calm[1])):
+        if steps.calm is None or not _unchanged(_digests_of(steps.calm[0]), _digests_of(steps.calm[1])):
             return None  # weights change between steps anyway, or no calm interval was seen
-        return _unchanged(digests_of(steps.post), digest_now())
+        return _unchanged(_digests_of(steps.post), digest_now())
 
     def stepped(self, optimizer: torch.optim.Optimizer, pre: Snapshot | None, post: Snapshot | None) -> None:
         """After a step, with its pre- and post-step snapshots (None: not taken)."""

@@ -221,10 +221,11 @@ def _begin(
 
 def _clearing_contract(tracer: Tracer, api: str, extra: dict[str, Any]) -> dict[str, bool] | None:
     """Whether a ``zero_grad`` clears gradients no optimizer used yet (`producers.wasted_grads`)."""
-    if tracer.in_optimizer_step or cleared_inside_optimizer_update():
+    if tracer.in_optimizer_step:
         return None
     cleared = [extra.get("obj")] if api == OPTIMIZER_ZERO_GRAD else extra.get("clears") or ()
-    used = tracer.contracts.wasted_grads.clears_used_grads(tracer.ownership.stepped_optimizers(cleared))
+    used = tracer.contracts.wasted_grads.clears_used_grads(tracer.ownership.stepped_optimizers(cleared),
+                                                           cleared_inside_optimizer_update)
     return None if used is None else {CLEARING_CONTRACTS[api]: used}
 
 

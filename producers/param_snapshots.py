@@ -28,7 +28,7 @@ PARALLEL_ATTRIBUTES = (
 )
 
 
-def _norms(tensors: Sequence[torch.Tensor | None], readback: Readback | None = None) -> list[Any]:
+def tensor_norms(tensors: Sequence[torch.Tensor | None], readback: Readback | None = None) -> list[Any]:
     """Euclidean norms of float tensors: one fused kernel and one host transfer per (device, dtype).
 
     With a ``readback``, the norms of tensors it `defers <producers.readback.defers>`
@@ -162,7 +162,7 @@ def snapshot_attrs(
         datas = [local_data(entry.param.detach()) for entry in primaries] if data else []
         tensors = datas + [tensor for _, tensor in todo]
         digests = tensor_digests(tensors, on_device=on_device, readback=readback)
-        norms = _norms(tensors, readback)
+        norms = tensor_norms(tensors, readback)
         if readback is not None and readback.start():
             defer(readback)  # type: ignore[misc]
     for offset, (index, _) in enumerate(todo, start=len(datas)):

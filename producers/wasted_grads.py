@@ -30,9 +30,12 @@ wasted update either.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+import math
+from typing import Any, Callable, Iterable
 
 import torch
+
+from .param_snapshots import tensor_norms
 
 #: how far up an input's autograd graph a plain tensor that requires gradients is looked for
 INPUT_GRAPH_DEPTH = 4
@@ -62,20 +65,13 @@ def _leads_to_plain_leaf(tensor: torch.Tensor) -> bool:
 
 
 def _wasted(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether the optimizer holds finite gradients that are not all zero (one norm per
-    dtype and device, read back once: only reached when a clear follows an unused backward)."""
+    """Whether the optimizer holds finite gradients that are not all zero (one norm
+    kernel per dtype and device, read back at once: only reached when a clear follows an
+    unused backward)."""
     grads = [p.grad for group in optimizer.param_groups for p in group.get("params", ())
              if isinstance(p, torch.Tensor) and p.grad is not None and not p.grad.is_sparse]
-    if not grads:
-        return False
-    by_kind: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
-    for grad in grads:
-        if grad.is_floating_point():
-            by_kind.setdefault((grad.device, grad.dtype), []).append(grad)
-    total = 0.0
-    for group in by_kind.values():
-        total += float(torch.stack(torch._foreach_norm(group)).float().sum())  # type: ignore[misc]
-    return total > 0 and total != float("inf") and total == total
+    norms = [norm for norm in tensor_norms(grads) if norm is not None]
+    return bool(norms) and all(math.isfinite(norm) for norm in norms) and any(norm > 0 for norm in norms)
 
 
 class WastedGrads:
@@ -109,12 +105,17 @@ class WastedGrads:
                 self._excused = True
                 return
 
-    def clears_used_grads(self, optimizers: list[torch.optim.Optimizer]) -> bool | None:
-        """Judged before a clear of ``optimizers``' gradients (those that have stepped)."""
+    def clears_used_grads(self, optimizers: list[torch.optim.Optimizer],
+                          inside_update: Callable[[], bool]) -> bool | None:
+        """Judged before a clear of ``optimizers``' gradients (those that have stepped);
+        ``inside_update`` (asked only after an unused backward) tells a clear made by an
+        optimizer's own update method."""
         if not optimizers:
             return None
         if not self._unused_backward:
             return True
+        if inside_update():
+            return None
         try:
             if self._excused or not any(_wasted(optimizer) for optimizer in optimizers):
                 return None if self._excused else True

@@ -18,7 +18,7 @@ from torch import nn
 import producers
 from producers import readback
 from producers.digest import tensor_digests
-from producers.param_snapshots import _norms
+from producers.param_snapshots import tensor_norms
 from producers.report import read_trace_dir
 
 PRODUCERS = str(Path(producers.__file__).parent)
@@ -95,7 +95,7 @@ def _states(batches, at):
 
 def _expected(tensor):
     """What the immediate device path reads for one tensor."""
-    return tensor_digests([tensor], on_device=True)[0], _norms([tensor])[0]
+    return tensor_digests([tensor], on_device=True)[0], tensor_norms([tensor])[0]
 
 
 def test_the_step_path_reads_nothing_back_and_deferral_changes_no_value(tmp_path, host_reads):
