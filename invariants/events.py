@@ -261,7 +261,9 @@ DATALOADER_EPOCH = "torch.utils.data.DataLoader.__iter__"
 #: before which a backward produced since the last optimizer step (accumulation wiped);
 #: ``keeps_weights_after_eval`` — an optimizer's first step after an evaluation finds the
 #: weights it left at its previous step (weights swapped in for the evaluation were
-#: swapped back), where its weights otherwise stay put between steps.
+#: swapped back), where its weights otherwise stay put between steps;
+#: ``averages_accumulated_losses`` — an optimizer step does not take the sum of two or more
+#: micro-batch losses that nothing rescaled (gradient accumulation without ``loss / k``).
 CONTRACTS: dict[str, str] = {
     "unscaled_grads": CLIP_GRAD_NORM,
     "replaces_weights": MODULE_LOAD_STATE_DICT,
@@ -271,6 +273,7 @@ CONTRACTS: dict[str, str] = {
     "keeps_trained_weights": OPTIMIZER_STEP,
     "optimizes_unfrozen": OPTIMIZER_STEP,
     "keeps_weights_after_eval": OPTIMIZER_STEP,
+    "averages_accumulated_losses": OPTIMIZER_STEP,
     "frozen_norm_keeps_stats": MODULE_FORWARD,
     "reshuffles_each_epoch": DATALOADER_EPOCH,
     "fresh_dataset_rng": WORKER_INIT_API,

@@ -10,6 +10,8 @@ that change it are wrapped (removably) and a clip reads the answer.  A disabled 
 (``enabled=False``) scales nothing.  One flag per process is enough for the contract:
 any ``unscale_`` since the last ``scale`` counts, so a program with two optimizers is
 never accused, at worst a clip of the second optimizer's gradients is not judged.
+The scaled loss itself is handed on (``on_scaled``): its multiplication is the scaler's,
+not a rescaling the program wrote (`producers.loss_averaging`).
 """
 
 from __future__ import annotations
@@ -26,30 +28,33 @@ class LossScaleTracker:
 
     def __init__(self) -> None:
         self.scaled = False
+        self._on_scaled: Callable[[Any], None] = lambda output: None
 
-    def install(self) -> list[PatchHandle]:
+    def install(self, on_scaled: Callable[[Any], None]) -> list[PatchHandle]:
         scaler = getattr(getattr(torch, "amp", None), "GradScaler", None)
         if scaler is None:
             return []
+        self._on_scaled = on_scaled
         return [
             patch_attribute(scaler, "scale", self._after(self._scaled)),
             patch_attribute(scaler, "unscale_", self._after(self._unscaled)),
             patch_attribute(scaler, "update", self._after(self._unscaled)),
         ]
 
-    def _scaled(self, scaler: Any) -> None:
+    def _scaled(self, scaler: Any, output: Any) -> None:
         if scaler.is_enabled():
             self.scaled = True
+            self._on_scaled(output)
 
-    def _unscaled(self, scaler: Any) -> None:
+    def _unscaled(self, scaler: Any, result: Any) -> None:
         self.scaled = False
 
     @staticmethod
-    def _after(note: Callable[[Any], None]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def _after(note: Callable[[Any, Any], None]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         def make(original: Callable[..., Any]) -> Callable[..., Any]:
             def noted(scaler: Any, *args: Any, **kwargs: Any) -> Any:
                 result = original(scaler, *args, **kwargs)
-                note(scaler)
+                note(scaler, result)
                 return result
 
             return noted

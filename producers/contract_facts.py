@@ -7,7 +7,7 @@ which optimizers have learned and for how many steps their rates have been zero,
 what each parameter held before its first update, which frozen parameters to watch,
 which dataset RNG state the workers of the latest training pass started from, whether
 the latest backward's gradients are still unused, the weights each optimizer left at
-its latest step.
+its latest step, the losses of each optimizer's accumulation cycle.
 They live together here so that the tracer holds one object for all of them.
 """
 
@@ -22,6 +22,7 @@ from .amp_scaling import LossScaleTracker
 from .eval_weights import EvalWeights
 from .graph_cuts import GraphCuts
 from .learning_rates import LearningRates
+from .loss_averaging import AccumulatedLosses
 from .optimizer_restarts import OptimizerRestarts
 from .replayed_rngs import ReplayedRngs
 from .sampler_epochs import SamplerEpochs
@@ -45,9 +46,10 @@ class ContractFacts:
     replayed_rngs: ReplayedRngs
     wasted_grads: WastedGrads
     eval_weights: EvalWeights
+    accumulation: AccumulatedLosses
 
-    def at_step(self, optimizer: torch.optim.Optimizer, roots: Callable[[], list[torch.nn.Module]],
-                ownership: "ParameterOwnership") -> dict[str, bool | None]:
+    def at_step(self, optimizer: torch.optim.Optimizer, optimizer_name: str,
+                roots: Callable[[], list[torch.nn.Module]], ownership: "ParameterOwnership") -> dict[str, bool | None]:
         """The contracts judged at an optimizer step, before its ``pre`` event."""
         return {
             "keeps_optimizer_state": self.restarts.keeps_state(optimizer),
@@ -57,10 +59,11 @@ class ContractFacts:
             "optimizes_unfrozen": self.unfrozen.optimizes_unfrozen(roots(), ownership.live_optimizers),
             "keeps_weights_after_eval": self.eval_weights.keeps_weights_after_eval(
                 optimizer, lambda: ownership.digests_held_alone(optimizer)),
+            "averages_accumulated_losses": self.accumulation.averages_accumulated_losses(optimizer_name),
         }
 
     @classmethod
     def create(cls, is_trained: Callable[[torch.Tensor], bool]) -> "ContractFacts":
         return cls(OptimizerRestarts(is_trained), LossScaleTracker(), GraphCuts(), SamplerEpochs(),
                    LearningRates(), WeightRewinds(), UnfrozenParams(), ReplayedRngs(),
-                   WastedGrads(), EvalWeights())
+                   WastedGrads(), EvalWeights(), AccumulatedLosses())

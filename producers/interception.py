@@ -43,6 +43,7 @@ from .script_hooks import patch_jit_script
 from .worker_hooks import patch_worker_loop, patch_worker_start
 from .patching import PatchHandle, patch_attribute
 from .probabilities import install_probability_marks
+from .loss_averaging import count_batches
 from .sampler_epochs import patch_dataloader_epochs
 from .selection import COLLECTIVES, DROPOUT_FUNCTIONS, INIT_FUNCTIONS, LOSS_FUNCTIONS, Selection
 from .tracer import Tracer, is_compiling
@@ -194,6 +195,8 @@ def _begin(
     extra = None
     optimizer = None
     contract = None
+    if spec.api in BACKWARD_APIS and not tracer.in_optimizer_step:  # a closure's backward is the step's own
+        tracer.contracts.accumulation.backward(args[0] if args else kwargs.get("tensors"))
     if spec.api == CLIP_GRAD_NORM:
         contract = {"unscaled_grads": not tracer.contracts.loss_scale.scaled}
         tracer.contracts.wasted_grads.inspected()
@@ -271,8 +274,10 @@ def install(tracer: Tracer, selection: Selection, on_rank_change: Callable[[], N
     handles += [*install_checkpoint_hooks(tracer), patch_worker_loop(tracer), patch_worker_start(tracer)]
     if any(selection.wants(api) for api in LOSS_FUNCTIONS):
         handles += install_probability_marks(is_compiling)
-    if selection.wants(CLIP_GRAD_NORM):
-        handles += tracer.contracts.loss_scale.install()
+    if selection.wants(CLIP_GRAD_NORM) or selection.wants(OPTIMIZER_STEP):
+        handles += tracer.contracts.loss_scale.install(tracer.contracts.accumulation.loss_scaled)
+    if selection.wants(OPTIMIZER_STEP):
+        handles.append(count_batches(tracer.contracts.accumulation))
     if selection.wants(DATALOADER_EPOCH):
         handles.append(patch_dataloader_epochs(tracer))
     handles.append(patch_jit_script(list(handles)))

@@ -132,8 +132,10 @@ class StepBoundaries:
         """Remember which optimizers a recorded call cleared (their next step says so)."""
         if api == OPTIMIZER_ZERO_GRAD and isinstance(extra.get("obj"), str):
             self._cleared_since_step.add(extra["obj"])
+            self.contracts.accumulation.cleared([extra["obj"]])
         elif api in (MODULE_ZERO_GRAD, GRAD_CLEAR_API):
             self._cleared_since_step.update(extra.get("clears") or ())
+            self.contracts.accumulation.cleared(extra.get("clears"))
 
     def _record_hand_clears(self) -> None:
         """One ``grad_clear`` call for the hand clears since the last backward or step."""
@@ -223,7 +225,7 @@ class StepBoundaries:
             extra={"obj": name, "trained": trained, "cleared": cleared,
                    "backprop": self._backward_ran},
             optimizer=None if all_rates_zero(optimizer) else optimizer,
-            contract=self.contracts.at_step(optimizer, self.registry.roots, self.ownership),
+            contract=self.contracts.at_step(optimizer, name, self.registry.roots, self.ownership),
         )
         if token is not None:
             self._open_steps[id(optimizer)] = token

@@ -42,6 +42,8 @@ DESCRIPTIONS: dict[str, str] = {
                           "state that an earlier training pass's workers started from"),
     "keeps_weights_after_eval": ("{api} resumes after an evaluation from the weights it left at its previous step "
                                  "(whatever the evaluation swapped in was swapped back out)"),
+    "averages_accumulated_losses": ("{api} never takes the sum of several micro-batch losses that nothing "
+                                    "rescaled (accumulated gradients are averaged, not summed)"),
     "clears_used_grads": ("{api} never clears gradients that a backward produced since the last optimizer step "
                           "before an optimizer used them"),
     "module_clears_used_grads": ("{api} never clears an optimizer's gradients that a backward produced since the "
@@ -92,6 +94,10 @@ HINTS: dict[str, str] = {
                                  "the evaluation (EMA/averaged weights copied with copy_to or p.copy_) were never "
                                  "swapped back, so training goes on from them with moments computed for others; "
                                  "store() before and restore() after evaluating, or evaluate a copy of the model"),
+    "averages_accumulated_losses": ("this step accumulated the gradients of several micro-batches whose losses "
+                                    "were not divided by their number: the update follows their sum, k times the "
+                                    "mean gradient, as if the learning rate were k times larger; back-propagate "
+                                    "loss / accumulation_steps (or normalise by the step's total token count)"),
     "clears_used_grads": WIPED_ACCUMULATION,
     "module_clears_used_grads": WIPED_ACCUMULATION,
 }
