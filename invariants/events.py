@@ -233,6 +233,8 @@ WORKER_INIT_API = "torch.utils.data.worker_init"
 #: documented contracts the producer evaluates (``ctx.contract``, see `CONTRACTS`).
 CLIP_GRAD_NORM = "torch.nn.utils.clip_grad_norm_"
 MODULE_LOAD_STATE_DICT = "torch.nn.Module.load_state_dict"
+#: A learning-rate scheduler's step (``scheduler.step()``).
+SCHEDULER_STEP = "torch.optim.lr_scheduler.LRScheduler.step"
 #: A training pass over a DataLoader whose ``DistributedSampler`` shuffles (recorded only then).
 DATALOADER_EPOCH = "torch.utils.data.DataLoader.__iter__"
 #: Contracts of torch APIs that the producer evaluates on a call, where only the
@@ -263,7 +265,9 @@ DATALOADER_EPOCH = "torch.utils.data.DataLoader.__iter__"
 #: weights it left at its previous step (weights swapped in for the evaluation were
 #: swapped back), where its weights otherwise stay put between steps;
 #: ``averages_accumulated_losses`` — an optimizer step does not take the sum of two or more
-#: micro-batch losses that nothing rescaled (gradient accumulation without ``loss / k``).
+#: micro-batch losses that nothing rescaled (gradient accumulation without ``loss / k``);
+#: ``resumes_schedule`` — a scheduler whose optimizer was resumed from a checkpoint does
+#: not take its first step after the resume from epoch 0 (its state was left out).
 CONTRACTS: dict[str, str] = {
     "unscaled_grads": CLIP_GRAD_NORM,
     "replaces_weights": MODULE_LOAD_STATE_DICT,
@@ -274,6 +278,7 @@ CONTRACTS: dict[str, str] = {
     "optimizes_unfrozen": OPTIMIZER_STEP,
     "keeps_weights_after_eval": OPTIMIZER_STEP,
     "averages_accumulated_losses": OPTIMIZER_STEP,
+    "resumes_schedule": SCHEDULER_STEP,
     "frozen_norm_keeps_stats": MODULE_FORWARD,
     "reshuffles_each_epoch": DATALOADER_EPOCH,
     "fresh_dataset_rng": WORKER_INIT_API,

@@ -7,7 +7,8 @@ which optimizers have learned and for how many steps their rates have been zero,
 what each parameter held before its first update, which frozen parameters to watch,
 which dataset RNG state the workers of the latest training pass started from, whether
 the latest backward's gradients are still unused, the weights each optimizer left at
-its latest step, the losses of each optimizer's accumulation cycle.
+its latest step, the losses of each optimizer's accumulation cycle,
+which optimizers were resumed from a checkpoint.
 They live together here so that the tracer holds one object for all of them.
 """
 
@@ -26,6 +27,7 @@ from .loss_averaging import AccumulatedLosses
 from .optimizer_restarts import OptimizerRestarts
 from .replayed_rngs import ReplayedRngs
 from .sampler_epochs import SamplerEpochs
+from .schedule_resumes import ScheduleResumes
 from .unfrozen_params import UnfrozenParams
 from .wasted_grads import WastedGrads
 from .weight_rewinds import WeightRewinds
@@ -47,6 +49,7 @@ class ContractFacts:
     wasted_grads: WastedGrads
     eval_weights: EvalWeights
     accumulation: AccumulatedLosses
+    schedule_resumes: ScheduleResumes
 
     def at_step(self, optimizer: torch.optim.Optimizer, optimizer_name: str,
                 roots: Callable[[], list[torch.nn.Module]], ownership: "ParameterOwnership") -> dict[str, bool | None]:
@@ -66,4 +69,4 @@ class ContractFacts:
     def create(cls, is_trained: Callable[[torch.Tensor], bool]) -> "ContractFacts":
         return cls(OptimizerRestarts(is_trained), LossScaleTracker(), GraphCuts(), SamplerEpochs(),
                    LearningRates(), WeightRewinds(), UnfrozenParams(), ReplayedRngs(),
-                   WastedGrads(), EvalWeights(), AccumulatedLosses())
+                   WastedGrads(), EvalWeights(), AccumulatedLosses(), ScheduleResumes())

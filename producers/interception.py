@@ -28,6 +28,7 @@ from invariants.events import (
     MODULE_TRAIN,
     MODULE_ZERO_GRAD,
     OPTIMIZER_STEP,
+    SCHEDULER_STEP,
     OPTIMIZER_ZERO_GRAD,
     PARAM_OVERWRITE,
     TENSOR_BACKWARD,
@@ -76,7 +77,7 @@ WRAP_SPECS: tuple[WrapSpec, ...] = (
     WrapSpec("torch.autocast.__enter__", (("torch.autocast", "__enter__"),), method=True, group="autocast"),
     WrapSpec("torch.save", (("torch", "save"), ("torch.serialization", "save")), group="save", stage="checkpoint"),
     WrapSpec(
-        "torch.optim.lr_scheduler.LRScheduler.step",
+        SCHEDULER_STEP,
         (("torch.optim.lr_scheduler.LRScheduler", "step"),),
         method=True,
         group="lr_scheduler",
@@ -214,6 +215,9 @@ def _begin(
             call_args.update(_autocast_args(args[0]))
         if spec.api in CLEARING_CONTRACTS:
             contract = _clearing_contract(tracer, spec.api, extra or {})
+        elif spec.api == SCHEDULER_STEP:
+            resumes = tracer.contracts.schedule_resumes.resumes_schedule(args[0])
+            contract = None if resumes is None else {"resumes_schedule": resumes}
     else:
         name = function_name
         if spec.api in INIT_FUNCTIONS and args:
@@ -278,6 +282,8 @@ def install(tracer: Tracer, selection: Selection, on_rank_change: Callable[[], N
         handles += tracer.contracts.loss_scale.install(tracer.contracts.accumulation.loss_scaled)
     if selection.wants(OPTIMIZER_STEP):
         handles.append(count_batches(tracer.contracts.accumulation))
+    if selection.wants(SCHEDULER_STEP):
+        handles += tracer.contracts.schedule_resumes.install()
     if selection.wants(DATALOADER_EPOCH):
         handles.append(patch_dataloader_epochs(tracer))
     handles.append(patch_jit_script(list(handles)))

@@ -44,6 +44,8 @@ DESCRIPTIONS: dict[str, str] = {
                                  "(whatever the evaluation swapped in was swapped back out)"),
     "averages_accumulated_losses": ("{api} never takes the sum of several micro-batch losses that nothing "
                                     "rescaled (accumulated gradients are averaged, not summed)"),
+    "resumes_schedule": ("{api} never starts a schedule over from epoch 0 for an optimizer resumed from a "
+                         "checkpoint"),
     "clears_used_grads": ("{api} never clears gradients that a backward produced since the last optimizer step "
                           "before an optimizer used them"),
     "module_clears_used_grads": ("{api} never clears an optimizer's gradients that a backward produced since the "
@@ -98,6 +100,10 @@ HINTS: dict[str, str] = {
                                     "were not divided by their number: the update follows their sum, k times the "
                                     "mean gradient, as if the learning rate were k times larger; back-propagate "
                                     "loss / accumulation_steps (or normalise by the step's total token count)"),
+    "resumes_schedule": ("the optimizer was resumed from a checkpoint (its state was loaded) but this scheduler "
+                         "starts from epoch 0: its state was not saved or not loaded (accelerate saves only prepared or "
+                         "registered schedulers), so the warm-up replays and the decay is shifted by the resumed steps; "
+                         "save and load scheduler.state_dict() with the optimizer's, or build it with last_epoch"),
     "clears_used_grads": WIPED_ACCUMULATION,
     "module_clears_used_grads": WIPED_ACCUMULATION,
 }
