@@ -103,8 +103,11 @@ class AccumulatedLosses:
         scaler_output = self._scaler_output() if self._scaler_output is not None else None
         if scaler_output is loss and node.next_functions and node.next_functions[0][0] is not None:
             node = node.next_functions[0][0]
-        value = loss.detach() if loss.numel() == 1 else None
-        self._losses.append(LossFacts(self._serial, self._batches, _rescaled(node), type(node).__name__, value))
+        if loss.numel() != 1:  # a backward from an output with a given gradient: no loss to judge
+            self._losses.append(LossFacts(self._serial, self._batches, True, type(node).__name__, None))
+            return
+        self._losses.append(LossFacts(self._serial, self._batches, _rescaled(node), type(node).__name__,
+                                      loss.detach()))
 
     def cleared(self, optimizer_names: Any) -> None:
         """The gradients of these optimizers were cleared: their cycles start again."""
@@ -132,8 +135,7 @@ class AccumulatedLosses:
         self._suspected.add(optimizer_name)
         if not suspected_before:
             return None
-        values = [loss.value for loss in cycle if loss.value is not None]
-        finite = all(math.isfinite(float(value)) for value in values)
+        finite = all(loss.value is None or math.isfinite(float(loss.value)) for loss in cycle)
         return False if finite else None
 
 

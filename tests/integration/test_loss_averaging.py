@@ -149,6 +149,19 @@ def test_accumulation_that_overflowed_is_not_judged(tmp_path):
     assert _verdicts(tmp_path) == [None, None, False, False]
 
 
+def test_backwards_from_outputs_with_given_gradients_are_not_judged(tmp_path):
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with producers.instrument(run_id="r-avg", trace_dir=tmp_path, quiet=True):
+        for index, (x, _) in enumerate(_loader()):
+            out = model(x)
+            out.backward(torch.ones_like(out) / len(out))
+            if index % 3 == 2:
+                optimizer.step()
+                optimizer.zero_grad()
+    assert _verdicts(tmp_path) == [True] * 4
+
+
 def test_lbfgs_closures_are_the_steps_own(tmp_path):
     model = _model()
     optimizer = torch.optim.LBFGS(model.parameters(), max_iter=4)
