@@ -31,6 +31,7 @@ done only for a cycle about to be reported.
 
 from __future__ import annotations
 
+import itertools
 import math
 import weakref
 from collections import deque
@@ -119,7 +120,8 @@ class AccumulatedLosses:
         """Judged at the step of the optimizer named ``optimizer_name`` (``opt<i>``)."""
         start = self._cycle_start.get(optimizer_name, 0)
         self._cycle_start[optimizer_name] = self._serial
-        cycle = [loss for loss in self._losses if loss.serial > start]
+        # serials grow along the deque: read back from its end, not the whole history at every step
+        cycle = list(itertools.takewhile(lambda loss: loss.serial > start, reversed(self._losses)))[::-1]
         if len(cycle) < 2 or any(loss.rescaled for loss in cycle):
             self._suspected.discard(optimizer_name)
             if len(cycle) == 1 and not cycle[0].rescaled:
