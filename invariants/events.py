@@ -267,7 +267,11 @@ DATALOADER_EPOCH = "torch.utils.data.DataLoader.__iter__"
 #: ``averages_accumulated_losses`` — an optimizer step does not take the sum of two or more
 #: micro-batch losses that nothing rescaled (gradient accumulation without ``loss / k``);
 #: ``resumes_schedule`` — a scheduler whose optimizer was resumed from a checkpoint does
-#: not take its first step after the resume from epoch 0 (its state was left out).
+#: not take its first step after the resume from epoch 0 (its state was left out);
+#: ``steps_once_per_epoch`` — a ``StepLR``/``MultiStepLR`` stepped per iteration does not
+#: lower the rate twice (or first) within one of the epochs the program shows, and one
+#: stepped every few iterations is not then stepped after a single one (an epoch
+#: schedule moved into the batch loop).
 CONTRACTS: dict[str, str] = {
     "unscaled_grads": CLIP_GRAD_NORM,
     "replaces_weights": MODULE_LOAD_STATE_DICT,
@@ -279,6 +283,7 @@ CONTRACTS: dict[str, str] = {
     "keeps_weights_after_eval": OPTIMIZER_STEP,
     "averages_accumulated_losses": OPTIMIZER_STEP,
     "resumes_schedule": SCHEDULER_STEP,
+    "steps_once_per_epoch": SCHEDULER_STEP,
     "frozen_norm_keeps_stats": MODULE_FORWARD,
     "reshuffles_each_epoch": DATALOADER_EPOCH,
     "fresh_dataset_rng": WORKER_INIT_API,

@@ -8,7 +8,8 @@ what each parameter held before its first update, which frozen parameters to wat
 which dataset RNG state the workers of the latest training pass started from, whether
 the latest backward's gradients are still unused, the weights each optimizer left at
 its latest step, the losses of each optimizer's accumulation cycle,
-which optimizers were resumed from a checkpoint.
+which optimizers were resumed from a checkpoint, the training epochs the program
+showed and how often each epoch schedule was stepped.
 They live together here so that the tracer holds one object for all of them.
 """
 
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from .amp_scaling import LossScaleTracker
+from .epoch_schedules import EpochSchedules
 from .eval_weights import EvalWeights
 from .graph_cuts import GraphCuts
 from .learning_rates import LearningRates
@@ -50,6 +52,7 @@ class ContractFacts:
     eval_weights: EvalWeights
     accumulation: AccumulatedLosses
     schedule_resumes: ScheduleResumes
+    epoch_schedules: EpochSchedules
 
     def at_step(self, optimizer: torch.optim.Optimizer, optimizer_name: str,
                 roots: Callable[[], list[torch.nn.Module]], ownership: "ParameterOwnership") -> dict[str, bool | None]:
@@ -69,4 +72,4 @@ class ContractFacts:
     def create(cls, is_trained: Callable[[torch.Tensor], bool]) -> "ContractFacts":
         return cls(OptimizerRestarts(is_trained), LossScaleTracker(), GraphCuts(), SamplerEpochs(),
                    LearningRates(), WeightRewinds(), UnfrozenParams(), ReplayedRngs(),
-                   WastedGrads(), EvalWeights(), AccumulatedLosses(), ScheduleResumes())
+                   WastedGrads(), EvalWeights(), AccumulatedLosses(), ScheduleResumes(), EpochSchedules())

@@ -216,8 +216,11 @@ def _begin(
         if spec.api in CLEARING_CONTRACTS:
             contract = _clearing_contract(tracer, spec.api, extra or {})
         elif spec.api == SCHEDULER_STEP:
-            resumes = tracer.contracts.schedule_resumes.resumes_schedule(args[0])
-            contract = None if resumes is None else {"resumes_schedule": resumes}
+            judged = {
+                "resumes_schedule": tracer.contracts.schedule_resumes.resumes_schedule(args[0]),
+                "steps_once_per_epoch": tracer.contracts.epoch_schedules.steps_once_per_epoch(args[0], args, kwargs),
+            }
+            contract = {name: verdict for name, verdict in judged.items() if verdict is not None} or None
     else:
         name = function_name
         if spec.api in INIT_FUNCTIONS and args:
@@ -284,8 +287,8 @@ def install(tracer: Tracer, selection: Selection, on_rank_change: Callable[[], N
         handles.append(count_batches(tracer.contracts.accumulation))
     if selection.wants(SCHEDULER_STEP):
         handles += tracer.contracts.schedule_resumes.install()
-    if selection.wants(DATALOADER_EPOCH):
-        handles.append(patch_dataloader_epochs(tracer))
+    if selection.wants(DATALOADER_EPOCH) or selection.wants(SCHEDULER_STEP):
+        handles.append(patch_dataloader_epochs(tracer, judge_samplers=selection.wants(DATALOADER_EPOCH)))
     handles.append(patch_jit_script(list(handles)))
     mode_targets = _mode_targets(selection)
     if selection.full or mode_targets:

@@ -71,15 +71,20 @@ class SamplerEpochs:
         return verdicts
 
 
-def patch_dataloader_epochs(tracer: "Tracer") -> PatchHandle:
+def patch_dataloader_epochs(tracer: "Tracer", judge_samplers: bool) -> PatchHandle:
+    """Every training pass is an epoch boundary for `producers.epoch_schedules`; with
+    ``judge_samplers`` a pass over a shuffling ``DistributedSampler`` is also judged."""
+
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         def iterate(loader: Any, *args: Any, **kwargs: Any) -> Any:
             if tracer.enabled and not tracer.busy:
                 try:
-                    sampler = _shuffling_sampler(loader)
-                    if sampler is not None and torch.is_grad_enabled() and not tracer.root_in_eval_mode():
-                        cls = type(loader)
-                        tracer.contracts.sampler_epochs.begun(sampler, f"{cls.__module__}.{cls.__qualname__}.__iter__")
+                    if torch.is_grad_enabled() and not tracer.root_in_eval_mode():
+                        tracer.contracts.epoch_schedules.epoch_boundary()
+                        sampler = _shuffling_sampler(loader) if judge_samplers else None
+                        if sampler is not None:
+                            cls = type(loader)
+                            tracer.contracts.sampler_epochs.begun(sampler, f"{cls.__module__}.{cls.__qualname__}.__iter__")
                 except Exception as exc:
                     tracer.internal_error("DataLoader pass", exc)
             return original(loader, *args, **kwargs)

@@ -126,6 +126,8 @@ class StageSwitching:
             self.recorder.relabel_stage(self._tail_start, "train", "eval")
         if stage == "eval" and self.stage != "eval":
             self.contracts.eval_weights.evaluated()
+        if stage == "train" and self.stage == "eval":
+            self.contracts.epoch_schedules.epoch_boundary()  # training resumed after an evaluation
         self.stage = stage
 
     def mode_switched(self, module: torch.nn.Module) -> None:

@@ -245,6 +245,7 @@ class StepBoundaries:
             self.loop.optimizer_step_ended()
             self.ownership.optimizer_stepped(optimizer, self.registry.add_optimizer(optimizer))
             self.contracts.restarts.stepped(optimizer)
+            self.contracts.epoch_schedules.optimizer_stepped(optimizer)
             self.contracts.graph_cuts.stepped()
             decision = self.cycle.after_step(id(optimizer), self.recorder.position)
             if not self.cycle.learnt:

@@ -46,6 +46,9 @@ DESCRIPTIONS: dict[str, str] = {
                                     "rescaled (accumulated gradients are averaged, not summed)"),
     "resumes_schedule": ("{api} never starts a schedule over from epoch 0 for an optimizer resumed from a "
                          "checkpoint"),
+    "steps_once_per_epoch": ("{api} of a StepLR/MultiStepLR counts epochs: stepped per iteration it never lowers "
+                             "the rate within an epoch it already lowered it in (or began in), and once stepped "
+                             "every few iterations it is not then stepped after a single one"),
     "clears_used_grads": ("{api} never clears gradients that a backward produced since the last optimizer step "
                           "before an optimizer used them"),
     "module_clears_used_grads": ("{api} never clears an optimizer's gradients that a backward produced since the "
@@ -104,6 +107,10 @@ HINTS: dict[str, str] = {
                          "starts from epoch 0: its state was not saved or not loaded (accelerate saves only prepared or "
                          "registered schedulers), so the warm-up replays and the decay is shifted by the resumed steps; "
                          "save and load scheduler.state_dict() with the optimizer's, or build it with last_epoch"),
+    "steps_once_per_epoch": ("an epoch schedule is being stepped in the batch loop: its step_size/milestones count "
+                             "epochs, so the rate drops by gamma every few batches and is near zero long before the "
+                             "schedule meant it to be; call scheduler.step() once per epoch, after the batch loop "
+                             "(or give step_size/milestones in optimizer steps if per-step decay is intended)"),
     "clears_used_grads": WIPED_ACCUMULATION,
     "module_clears_used_grads": WIPED_ACCUMULATION,
 }
