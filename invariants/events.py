@@ -271,7 +271,9 @@ DATALOADER_EPOCH = "torch.utils.data.DataLoader.__iter__"
 #: ``steps_once_per_epoch`` — a ``StepLR``/``MultiStepLR`` stepped per iteration does not
 #: lower the rate twice (or first) within one of the epochs the program shows, and one
 #: stepped every few iterations is not then stepped after a single one (an epoch
-#: schedule moved into the batch loop).
+#: schedule moved into the batch loop); ``compares_like_shapes`` — no subtraction in a
+#: scalar loss's own arithmetic broadcasts a ``(B, 1)`` model output against a ``(B,)``
+#: target into a ``(B, B)`` matrix (a hand-written squared error on mismatched shapes).
 CONTRACTS: dict[str, str] = {
     "unscaled_grads": CLIP_GRAD_NORM,
     "replaces_weights": MODULE_LOAD_STATE_DICT,
@@ -284,6 +286,7 @@ CONTRACTS: dict[str, str] = {
     "averages_accumulated_losses": OPTIMIZER_STEP,
     "resumes_schedule": SCHEDULER_STEP,
     "steps_once_per_epoch": SCHEDULER_STEP,
+    "compares_like_shapes": TENSOR_BACKWARD,
     "frozen_norm_keeps_stats": MODULE_FORWARD,
     "reshuffles_each_epoch": DATALOADER_EPOCH,
     "fresh_dataset_rng": WORKER_INIT_API,

@@ -45,6 +45,7 @@ from .worker_hooks import patch_worker_loop, patch_worker_start
 from .patching import PatchHandle, patch_attribute
 from .probabilities import install_probability_marks
 from .loss_averaging import count_batches
+from .loss_shapes import compares_like_shapes
 from .sampler_epochs import patch_dataloader_epochs
 from .selection import COLLECTIVES, DROPOUT_FUNCTIONS, INIT_FUNCTIONS, LOSS_FUNCTIONS, Selection
 from .tracer import Tracer, is_compiling
@@ -215,6 +216,9 @@ def _begin(
             call_args.update(_autocast_args(args[0]))
         if spec.api in CLEARING_CONTRACTS:
             contract = _clearing_contract(tracer, spec.api, extra or {})
+        elif spec.api == TENSOR_BACKWARD:
+            like = compares_like_shapes(args[0])
+            contract = None if like is None else {"compares_like_shapes": like}
         elif spec.api == SCHEDULER_STEP:
             judged = {
                 "resumes_schedule": tracer.contracts.schedule_resumes.resumes_schedule(args[0]),

@@ -49,6 +49,8 @@ DESCRIPTIONS: dict[str, str] = {
     "steps_once_per_epoch": ("{api} of a StepLR/MultiStepLR counts epochs: stepped per iteration it never lowers "
                              "the rate within an epoch it already lowered it in (or began in), and once stepped "
                              "every few iterations it is not then stepped after a single one"),
+    "compares_like_shapes": ("{api} of a loss whose arithmetic never subtracts a (B,) target from a (B, 1) model "
+                             "output (a broadcast to a (B, B) matrix)"),
     "clears_used_grads": ("{api} never clears gradients that a backward produced since the last optimizer step "
                           "before an optimizer used them"),
     "module_clears_used_grads": ("{api} never clears an optimizer's gradients that a backward produced since the "
@@ -111,6 +113,10 @@ HINTS: dict[str, str] = {
                              "epochs, so the rate drops by gamma every few batches and is near zero long before the "
                              "schedule meant it to be; call scheduler.step() once per epoch, after the batch loop "
                              "(or give step_size/milestones in optimizer steps if per-step decay is intended)"),
+    "compares_like_shapes": ("the loss subtracts a (B,)-shaped target from a (B, 1) prediction: the difference "
+                             "broadcasts to (B, B), so every prediction is compared with every target and is pulled "
+                             "towards the batch's mean target; squeeze the prediction (pred.squeeze(-1)) or "
+                             "unsqueeze the target so both have one shape"),
     "clears_used_grads": WIPED_ACCUMULATION,
     "module_clears_used_grads": WIPED_ACCUMULATION,
 }
