@@ -57,6 +57,7 @@ def note_meta(facts: RankFacts, event: Any) -> None:
     what = event.what
     if what == RUN_END_META:
         facts.run_end = [_count(event.iterations), _count(event.optimizer_steps)]
+        facts.left_out_calls = _count(event.left_out_calls) or 0
     elif what == PRODUCER_STATS_META:
         dropped = _count(event.dropped_batches)
         if dropped:  # cumulative per process: the newest is the largest
@@ -80,6 +81,7 @@ class RankWindow:
     optimizer_steps: int = 0
     #: run_end's (iterations, optimizer steps) when this window held it
     reported: tuple[int | None, int | None] | None = None
+    left_out_calls: int = 0
     dropped_batches: int = 0
     sample_every: int = 1
     unsampled: bool = False
@@ -124,6 +126,7 @@ def window_coverage(window: WindowState) -> WindowCoverage:
             setup=facts.setup or (window.step == 0 and not marked),
             optimizer_steps=steps,
             reported=(reported[0], reported[1]) if reported else None,
+            left_out_calls=facts.left_out_calls,
             dropped_batches=facts.dropped_batches,
             sample_every=facts.sample_every,
             unsampled=facts.unsampled,
@@ -150,6 +153,7 @@ class RankCoverage:
     unsnapshotted: int = 0  # iterations the producer took no parameter snapshots in (sampling)
     reported_iterations: int | None = None
     reported_optimizer_steps: int | None = None
+    left_out_calls: int = 0  # trainer calls made without a backward that the producer did not record
     dropped_batches: int = 0
 
 
@@ -183,6 +187,7 @@ class RunCoverage:
             rc = self.rank(part.rank)
             rc.optimizer_steps += part.optimizer_steps
             rc.dropped_batches = max(rc.dropped_batches, part.dropped_batches)
+            rc.left_out_calls = max(rc.left_out_calls, part.left_out_calls)
             if part.iteration:
                 rc.iterations += 1
                 if part.unsampled or window.step % self.sample_every:
@@ -241,7 +246,8 @@ class RunCoverage:
                  "other_windows": r.other_windows, "optimizer_steps": r.optimizer_steps,
                  "missing_windows": r.missing_windows, "unsnapshotted_iterations": r.unsnapshotted,
                  "reported_iterations": r.reported_iterations,
-                 "reported_optimizer_steps": r.reported_optimizer_steps, "dropped_batches": r.dropped_batches}
+                 "reported_optimizer_steps": r.reported_optimizer_steps, "dropped_batches": r.dropped_batches,
+                 "left_out_calls": r.left_out_calls}
                 for rank, r in sorted(self.ranks.items())
             ],
         }

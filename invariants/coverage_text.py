@@ -72,6 +72,10 @@ def describe_run(run: RunCoverage) -> str:
         else:
             how = f"sampled every {run.sample_every} steps"
         parts.append(f"{_plural(unsnapshotted, 'iteration')} without parameter snapshots ({how})")
+    left_out = sum(r.left_out_calls for r in run.ranks.values())
+    if left_out:
+        parts.append(f"{_plural(left_out, 'optimizer or clipping call')} a trainer made without a backward "
+                     "not recorded (a statistics pass)")
     beyond = run.reported_not_checked()
     if beyond:
         parts.append(f"{beyond} more reported by the producer but not checked")

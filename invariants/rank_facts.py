@@ -53,6 +53,8 @@ class RankFacts(msgspec.Struct):
     #: the producer's own account (`coverage.note_meta`): run_end's
     #: [iterations, optimizer steps], batches it dropped, its snapshot sampling
     run_end: list[int | None] | None = None
+    #: run_end's count of trainer calls made without a backward and not recorded
+    left_out_calls: int = 0
     dropped_batches: int = 0
     sample_every: int = 1
     #: [budget, measured share] of a producer working under an overhead budget
@@ -77,5 +79,5 @@ class RankFacts(msgspec.Struct):
 _FIELDS = frozenset(RankFacts.__struct_fields__)
 #: (field, default) of the facts stored only when reported
 _OPTIONAL = (("worker_pids", []), ("workers_expected", 0), ("optimizer_steps", 0), ("setup", False),
-             ("trained", None), ("unsampled", False), ("run_end", None), ("dropped_batches", 0), ("sample_every", 1),
+             ("trained", None), ("unsampled", False), ("run_end", None), ("left_out_calls", 0), ("dropped_batches", 0), ("sample_every", 1),
              ("overhead", None))

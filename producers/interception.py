@@ -47,6 +47,7 @@ from .probabilities import install_probability_marks
 from .loss_averaging import count_batches
 from .loss_shapes import compares_like_shapes
 from .sampler_epochs import patch_dataloader_epochs
+from .trainer_passes import trainer_skips_backward
 from .selection import COLLECTIVES, DROPOUT_FUNCTIONS, INIT_FUNCTIONS, LOSS_FUNCTIONS, Selection
 from .tracer import Tracer, is_compiling
 
@@ -147,12 +148,16 @@ def _make_call_wrapper(
         method_suffix = spec.api.rsplit(".", 1)[1]
         group = spec.group
         switches_mode = spec.api in MODE_APIS
+        left_out_without_backward = spec.api == CLIP_GRAD_NORM  # see `producers.trainer_passes`
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if not tracer.enabled or tracer.busy or (group is not None and not tracer.enter_group(group)):
                 return original(*args, **kwargs)
             try:
                 if tracer.skip_compiled():
+                    return original(*args, **kwargs)
+                if left_out_without_backward and trainer_skips_backward():
+                    tracer.left_out_calls += 1
                     return original(*args, **kwargs)
                 token = None
                 try:

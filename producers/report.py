@@ -113,7 +113,10 @@ def collect_report(run: str, stats_dir: Path, trace_dir: Path | None) -> RunRepo
 
 def _errors(data: dict[str, Any]) -> str:
     count = int(data.get("internal_errors") or 0)
-    return f"{count} internal errors" if count else ""
+    left_out = int(data.get("left_out_calls") or 0)
+    notes = [f"{count} internal errors" if count else "",
+             f"{left_out} calls of a trainer pass without backward not recorded" if left_out else ""]
+    return "; ".join(note for note in notes if note)
 
 
 def format_report(report: RunReport, returncode: int, trace_dir: Path | None, bootstrap: str | None, topic: str) -> str:

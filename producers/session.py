@@ -139,7 +139,8 @@ class Session:
                 self.tracer.internal_error("removing hooks", exc)
         self._handles = []
         try:
-            self.tracer.finish({"internal_errors": self.tracer.internal_errors})
+            self.tracer.finish({"internal_errors": self.tracer.internal_errors,
+                                "left_out_calls": self.tracer.left_out_calls})
         except Exception as exc:
             self.tracer.internal_error("final flush", exc)
         self.recorder.close_sinks(self.config.flush_timeout_s)
@@ -202,6 +203,7 @@ class Session:
             "events": counters.events,
             "batches": counters.batches,
             "internal_errors": self.tracer.internal_errors,
+            "left_out_calls": self.tracer.left_out_calls,
             "trace_file": str(self.file_sink.path) if self.file_sink and self.file_sink.path else None,
             "trace_error": self.file_sink.error if self.file_sink else None,
             "sinks": {sink.name: sink.stats().as_dict() for sink in self.sinks},
@@ -237,6 +239,8 @@ class Session:
             )
         if s["internal_errors"]:
             parts.append(f"{s['internal_errors']} internal errors")
+        if s["left_out_calls"]:
+            parts.append(f"{s['left_out_calls']} optimizer/clipping calls of a trainer pass without backward not recorded")
         sampling = sampling_note(s["sampling"])
         if sampling:
             parts.append(sampling)

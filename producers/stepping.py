@@ -38,6 +38,7 @@ from .call_state import CallToken
 from .grad_clears import HandClears, cleared_inside_optimizer_update
 from .learning_rates import all_rates_zero
 from .sampler_epochs import record_trained_passes
+from .trainer_passes import trainer_skips_backward
 from .selection import INIT_FUNCTIONS
 from .steps import OptimizerCycle
 
@@ -65,6 +66,7 @@ class StepBoundaries:
         self._stepping: set[int] = set()  # optimizers inside their step (a closure may run there)
         self._deferred_steps: set[int] = set()  # steps whose pre event waits for their closure
         self._open_steps: dict[int, CallToken] = {}
+        self._left_out_steps: set[int] = set()  # steps a trainer makes without a backward
         self._pending_end_states: list[dict[str, Any]] = []
         self.hand_clears = HandClears()
         #: optimizers (``opt<i>``) whose gradients were cleared since their last step
@@ -169,6 +171,10 @@ class StepBoundaries:
         if not self.enabled or self._tls.busy or self.skip_compiled():
             return None
         try:
+            if trainer_skips_backward():
+                self._left_out_steps.add(id(optimizer))
+                self.left_out_calls += 1
+                return None
             index = self.registry.add_optimizer(optimizer)
             self.ownership.optimizer_seen(optimizer, index)
             self.contracts.wasted_grads.optimizer_stepped()
@@ -234,6 +240,9 @@ class StepBoundaries:
         if not self.enabled or self._tls.busy or torch.compiler.is_compiling():
             return
         try:
+            if id(optimizer) in self._left_out_steps:
+                self._left_out_steps.discard(id(optimizer))
+                return
             self._stepping.discard(id(optimizer))
             if id(optimizer) in self._deferred_steps:  # the step never called its closure
                 self._deferred_steps.discard(id(optimizer))

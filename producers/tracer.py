@@ -89,6 +89,8 @@ class Tracer(StepBoundaries, ForwardHooks, StageSwitching, WorkerReports):
         self.active = False  # anything beyond bookkeeping was recorded
         self.training_steps = 0  # windows ended before the final one, setup excluded
         self.internal_errors = 0
+        #: optimizer/clipping calls a trainer made without a backward, not recorded
+        self.left_out_calls = 0
         self._reported: set[str] = set()
         self._root_ref: weakref.ref[torch.nn.Module] | None = None
         self._init_boundaries()
