@@ -14,9 +14,15 @@ old state) is judged at the new optimizer's first step:
   run (a new model's parameters can reuse the addresses of a freed one's, never its
   training);
 * with no state of its own (``load_state_dict`` of the old state keeps it);
-* and with none of them restored (``Module.load_state_dict``) since that optimizer
+* with none of them restored (``Module.load_state_dict``) since that optimizer
   stepped: a restart from a checkpoint that kept no optimizer state starts over on
-  purpose, with weights that are not the ones the old state was built on.
+  purpose, with weights that are not the ones the old state was built on;
+* and with no parameter that takes a gradient now for the first time at a step: a
+  part of the model that starts to train begins a new phase, and resetting the state
+  there is a recipe (progressive growing resets Adam at each new resolution,
+  tkarras/progressive_growing_of_gans ``reset_opt_for_new_lod``), while the rebuilt
+  optimizer of the bug steps the same gradients as before.  Parameters that never take
+  a gradient (an unused pooler) do not count.
 """
 
 from __future__ import annotations
@@ -52,6 +58,11 @@ class OptimizerRestarts:
         self._stateful: dict[Signature, int] = {}  # -> the restore count when it was remembered
         self._restores = 0
         self._restored_at: dict[int, int] = {}  # id(parameter) -> the restore count of its last restore
+        #: ids of parameters that held a gradient at some optimizer step, and per optimizer
+        #: those of its parameters not seen with one yet (usually empty after its first step)
+        self._had_grad: set[int] = set()
+        self._without_grad: "weakref.WeakKeyDictionary[torch.optim.Optimizer, tuple[int, list[torch.Tensor]]]" = (
+            weakref.WeakKeyDictionary())
 
     def constructed(self, optimizer: torch.optim.Optimizer) -> None:
         self._initial[optimizer] = _initial_learning_rates(optimizer)
@@ -73,13 +84,27 @@ class OptimizerRestarts:
         params = [p for group in optimizer.param_groups for p in group.get("params", ())]
         if any(self._restored_at.get(id(p), -1) > remembered_at for p in params):
             return True
+        if any(p.grad is not None and id(p) not in self._had_grad for p in params):
+            return True  # a part that starts to train: a new phase
         return not (params and all(self._is_trained(p) for p in params))
 
     def stepped(self, optimizer: torch.optim.Optimizer) -> None:
-        """After a step: the first one that leaves state makes the optimizer remembered."""
+        """After a step: the first one that leaves state makes the optimizer remembered;
+        the parameters it found gradients on are noted."""
         if optimizer.state and optimizer not in self._remembered:
             self._remembered.add(optimizer)
             self._stateful[self._signature(optimizer)] = self._restores
+        held = sum(len(group.get("params", ())) for group in optimizer.param_groups)
+        known = self._without_grad.get(optimizer)
+        if known is None or known[0] != held:  # new, or given a parameter group since
+            known = (held, [p for group in optimizer.param_groups for p in group.get("params", ())])
+        still = []
+        for param in known[1]:
+            if param.grad is None:
+                still.append(param)
+            else:
+                self._had_grad.add(id(param))
+        self._without_grad[optimizer] = (held, still)
 
     def _signature(self, optimizer: torch.optim.Optimizer) -> Signature:
         initial = self._initial.get(optimizer)

@@ -240,6 +240,26 @@ def test_an_optimizer_rebuilt_after_restoring_the_model_from_a_checkpoint_keeps_
     assert len(kept) == 12 and all(kept)
 
 
+def test_a_reset_where_a_part_of_the_model_starts_to_train_is_a_new_phase(tmp_path):
+    """Progressive growing resets Adam over the same parameters when the next block starts
+    to run (its gradients appear for the first time); an unused head never counts."""
+    stem, grown, unused = nn.Linear(4, 4), nn.Linear(4, 1), nn.Linear(4, 1)
+    params = [*stem.parameters(), *grown.parameters(), *unused.parameters()]
+
+    def steps(optimizer, active: bool, count: int = 2) -> None:
+        for _ in range(count):
+            optimizer.zero_grad()
+            hidden = stem(torch.randn(8, 4))
+            (grown(hidden) if active else hidden).pow(2).mean().backward()
+            optimizer.step()
+
+    with producers.instrument(run_id="r-grow", trace_dir=tmp_path, quiet=True):
+        steps(torch.optim.Adam(params, lr=1e-2), active=False)
+        steps(torch.optim.Adam(params, lr=1e-2), active=True)  # the new block starts: reset on purpose
+        steps(torch.optim.Adam(params, lr=1e-2), active=True)  # rebuilt again, nothing new: the bug
+    assert _step_contracts(tmp_path) == [True, True, True, True, False, True]
+
+
 def test_a_peek_at_the_first_batch_before_set_epoch_is_not_the_epochs_pass(tmp_path):
     """PyTorch's DDP tutorial reads the batch size with ``next(iter(loader))`` before it
     calls ``set_epoch``: the pass that training consumes is the one judged."""
