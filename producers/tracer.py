@@ -37,6 +37,7 @@ from invariants.events import (
 
 from .call_state import CallToken, ThreadState
 from .contract_facts import ContractFacts
+from .local_sgd import locally_stepped, mark_not_allreduced
 from .module_facts import FirstForwards, ParameterFree
 from .param_snapshots import SnapshotMemo, snapshot_attrs
 from .params import ParameterRegistry
@@ -308,7 +309,11 @@ class Tracer(StepBoundaries, ForwardHooks, StageSwitching, WorkerReports):
         self._tls.busy = True
         started = time.perf_counter_ns()
         try:
-            return snapshot_attrs(entries, data=data, memo=self._memo, defer=self.recorder.await_readback)
+            taken = snapshot_attrs(entries, data=data, memo=self._memo, defer=self.recorder.await_readback)
+            local = locally_stepped(self.registry.roots())
+            if local:
+                mark_not_allreduced(taken, local)
+            return taken
         finally:
             self._tls.busy = False
             self.sampler.snapshot_taken(time.perf_counter_ns() - started)
