@@ -34,13 +34,17 @@ SUMMARY = re.compile(r"broker unreachable at (\S+) for (\d+) s \((\d+) errors su
 def _checker_with_data(broker, tmp_path, env) -> CheckerProcess:
     checker = CheckerProcess(broker.bootstrap, tmp_path / "serve.log", env=env,
                              extra_args=["--grace-seconds", "1"]).start(timeout_s=120)
-    produce(broker.bootstrap, "trainwatch.events",
-            [synthetic_step_batch("dead-broker", rank, 2, step) for step in range(4) for rank in range(2)])
-    wait_until(lambda: metric(checker.metrics(), "trainwatch_steps_checked_total") >= 4, 90, 0.2,
-               "the checker to check the run's steps")
-    samples = checker.metrics()
-    assert metric(samples, "trainwatch_broker_up") == 1
-    assert metric(samples, "trainwatch_assigned_partitions") == 4
+    try:
+        produce(broker.bootstrap, "trainwatch.events",
+                [synthetic_step_batch("dead-broker", rank, 2, step) for step in range(4) for rank in range(2)])
+        wait_until(lambda: metric(checker.metrics(), "trainwatch_steps_checked_total") >= 4, 90, 0.2,
+                   "the checker to check the run's steps")
+        samples = checker.metrics()
+        assert metric(samples, "trainwatch_broker_up") == 1
+        assert metric(samples, "trainwatch_assigned_partitions") == 4
+    except BaseException:
+        checker.kill()  # the callers' own cleanup starts only once this returns
+        raise
     return checker
 
 
