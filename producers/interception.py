@@ -47,7 +47,6 @@ from .probabilities import install_probability_marks
 from .loss_averaging import count_batches
 from .loss_shapes import compares_like_shapes
 from .sampler_epochs import patch_dataloader_epochs
-from .trainer_passes import trainer_skips_backward
 from .selection import COLLECTIVES, DROPOUT_FUNCTIONS, INIT_FUNCTIONS, LOSS_FUNCTIONS, Selection
 from .tracer import Tracer, is_compiling
 
@@ -156,8 +155,7 @@ def _make_call_wrapper(
             try:
                 if tracer.skip_compiled():
                     return original(*args, **kwargs)
-                if left_out_without_backward and trainer_skips_backward():
-                    tracer.left_out_calls += 1
+                if left_out_without_backward and tracer.left_out.clip():
                     return original(*args, **kwargs)
                 token = None
                 try:

@@ -30,22 +30,19 @@ def _in_local_phase(state: Any) -> bool:
     return isinstance(started, int) and isinstance(start, int) and started >= start
 
 
-def locally_stepped(roots: Iterable[nn.Module]) -> frozenset[int]:
-    """Ids of the parameters of DDP modules whose post-local SGD phase has begun."""
-    found: set[int] = set()
+def mark_locally_stepped(taken: list[tuple[Any, dict[str, Any]]], roots: Iterable[nn.Module]) -> None:
+    """Give the snapshot attributes of the parameters of DDP modules (among ``roots``)
+    whose post-local SGD phase has begun the not-all-reduced mark.  In place: a value
+    still on its way from an accelerator fills these very dicts later; the ``parallel``
+    dict itself may be shared with the snapshot memo, so it is replaced."""
+    local: set[int] = set()
     for root in roots:
         hooks = getattr(root, "_comm_hooks", None)  # DistributedDataParallel's registered (hook, state)s
-        if not hooks or not isinstance(root, nn.parallel.DistributedDataParallel):
-            continue
-        if any(_in_local_phase(state) for _, state in hooks):
-            found.update(id(param) for param in root.parameters())
-    return frozenset(found)
-
-
-def mark_not_allreduced(taken: list[tuple[Any, dict[str, Any]]], params: frozenset[int]) -> None:
-    """Give the snapshot attributes of ``params`` the not-all-reduced mark.  In place: a
-    value still on its way from an accelerator fills these very dicts later; the
-    ``parallel`` dict itself may be shared with the snapshot memo, so it is replaced."""
+        if hooks and isinstance(root, nn.parallel.DistributedDataParallel) and any(
+                _in_local_phase(state) for _, state in hooks):
+            local.update(id(param) for param in root.parameters())
+    if not local:
+        return
     for entry, attrs in taken:
-        if id(entry.param) in params:
+        if id(entry.param) in local:
             attrs["parallel"] = {**(attrs.get("parallel") or {}), "allreduce": False}

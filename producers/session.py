@@ -140,7 +140,7 @@ class Session:
         self._handles = []
         try:
             self.tracer.finish({"internal_errors": self.tracer.internal_errors,
-                                "left_out_calls": self.tracer.left_out_calls})
+                                "left_out_calls": self.tracer.left_out.count})
         except Exception as exc:
             self.tracer.internal_error("final flush", exc)
         self.recorder.close_sinks(self.config.flush_timeout_s)
@@ -203,7 +203,7 @@ class Session:
             "events": counters.events,
             "batches": counters.batches,
             "internal_errors": self.tracer.internal_errors,
-            "left_out_calls": self.tracer.left_out_calls,
+            "left_out_calls": self.tracer.left_out.count,
             "trace_file": str(self.file_sink.path) if self.file_sink and self.file_sink.path else None,
             "trace_error": self.file_sink.error if self.file_sink else None,
             "sinks": {sink.name: sink.stats().as_dict() for sink in self.sinks},

@@ -38,7 +38,7 @@ from .call_state import CallToken
 from .grad_clears import HandClears, cleared_inside_optimizer_update
 from .learning_rates import all_rates_zero
 from .sampler_epochs import record_trained_passes
-from .trainer_passes import trainer_skips_backward
+from .trainer_passes import LeftOutCalls
 from .selection import INIT_FUNCTIONS
 from .steps import OptimizerCycle
 
@@ -66,7 +66,7 @@ class StepBoundaries:
         self._stepping: set[int] = set()  # optimizers inside their step (a closure may run there)
         self._deferred_steps: set[int] = set()  # steps whose pre event waits for their closure
         self._open_steps: dict[int, CallToken] = {}
-        self._left_out_steps: set[int] = set()  # steps a trainer makes without a backward
+        self.left_out = LeftOutCalls()  # calls a trainer makes without a backward
         self._pending_end_states: list[dict[str, Any]] = []
         self.hand_clears = HandClears()
         #: optimizers (``opt<i>``) whose gradients were cleared since their last step
@@ -171,9 +171,7 @@ class StepBoundaries:
         if not self.enabled or self._tls.busy or self.skip_compiled():
             return None
         try:
-            if trainer_skips_backward():
-                self._left_out_steps.add(id(optimizer))
-                self.left_out_calls += 1
+            if self.left_out.step_begins(optimizer):
                 return None
             index = self.registry.add_optimizer(optimizer)
             self.ownership.optimizer_seen(optimizer, index)
@@ -240,8 +238,7 @@ class StepBoundaries:
         if not self.enabled or self._tls.busy or torch.compiler.is_compiling():
             return
         try:
-            if id(optimizer) in self._left_out_steps:
-                self._left_out_steps.discard(id(optimizer))
+            if self.left_out.step_ended(optimizer):
                 return
             self._stepping.discard(id(optimizer))
             if id(optimizer) in self._deferred_steps:  # the step never called its closure

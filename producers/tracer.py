@@ -37,7 +37,7 @@ from invariants.events import (
 
 from .call_state import CallToken, ThreadState
 from .contract_facts import ContractFacts
-from .local_sgd import locally_stepped, mark_not_allreduced
+from .local_sgd import mark_locally_stepped
 from .module_facts import FirstForwards, ParameterFree
 from .param_snapshots import SnapshotMemo, snapshot_attrs
 from .params import ParameterRegistry
@@ -90,8 +90,6 @@ class Tracer(StepBoundaries, ForwardHooks, StageSwitching, WorkerReports):
         self.active = False  # anything beyond bookkeeping was recorded
         self.training_steps = 0  # windows ended before the final one, setup excluded
         self.internal_errors = 0
-        #: optimizer/clipping calls a trainer made without a backward, not recorded
-        self.left_out_calls = 0
         self._reported: set[str] = set()
         self._root_ref: weakref.ref[torch.nn.Module] | None = None
         self._init_boundaries()
@@ -310,9 +308,7 @@ class Tracer(StepBoundaries, ForwardHooks, StageSwitching, WorkerReports):
         started = time.perf_counter_ns()
         try:
             taken = snapshot_attrs(entries, data=data, memo=self._memo, defer=self.recorder.await_readback)
-            local = locally_stepped(self.registry.roots())
-            if local:
-                mark_not_allreduced(taken, local)
+            mark_locally_stepped(taken, self.registry.roots())
             return taken
         finally:
             self._tls.busy = False

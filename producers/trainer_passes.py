@@ -29,15 +29,48 @@ _FRAMES_TO_LOOP = 24
 
 def trainer_skips_backward() -> bool:
     """Whether the optimizer call being made comes from a trainer pass run without
-    backward (Lightning's ``_skip_backward``)."""
+    backward (Lightning's ``_skip_backward``).  Frames are told apart by their module's
+    name, read without building their locals; only the loop's own frame has its
+    ``self`` looked up."""
     if _LIGHTNING_LOOP not in sys.modules:
         return False
     frame = sys._getframe(1)
     for _ in range(_FRAMES_TO_LOOP):
         if frame is None:
             return False
-        owner = frame.f_locals.get("self") if "self" in frame.f_code.co_varnames else None
-        if owner is not None and type(owner).__name__ == _LOOP_CLASS:
-            return getattr(owner, "_skip_backward", False) is True
+        if frame.f_globals.get("__name__") == _LIGHTNING_LOOP:
+            owner = frame.f_locals.get("self")
+            if type(owner).__name__ == _LOOP_CLASS:
+                return getattr(owner, "_skip_backward", False) is True
         frame = frame.f_back
     return False
+
+
+class LeftOutCalls:
+    """The calls left out so far, and the optimizer steps under way that were."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._steps: set[int] = set()
+
+    def clip(self) -> bool:
+        """Before ``clip_grad_norm_``: True when it is left out (counted)."""
+        if not trainer_skips_backward():
+            return False
+        self.count += 1
+        return True
+
+    def step_begins(self, optimizer: object) -> bool:
+        """Before ``optimizer.step``: True when it is left out (counted), so its end is too."""
+        if not trainer_skips_backward():
+            return False
+        self.count += 1
+        self._steps.add(id(optimizer))
+        return True
+
+    def step_ended(self, optimizer: object) -> bool:
+        """After ``optimizer.step``: True for a step whose beginning was left out."""
+        if id(optimizer) not in self._steps:
+            return False
+        self._steps.discard(id(optimizer))
+        return True
