@@ -8,6 +8,7 @@ keep it or are not judged."""
 
 from __future__ import annotations
 
+import lightning.pytorch as lightning
 import pytest
 import torch
 from torch import nn
@@ -118,8 +119,6 @@ def test_a_schedule_moved_from_the_epoch_loop_into_the_batch_loop_breaks_it_at_o
 
 
 def test_a_per_step_interval_declared_to_lightning_is_not_judged(tmp_path):
-    lightning = pytest.importorskip("lightning.pytorch")
-
     class Regressor(lightning.LightningModule):
         def __init__(self) -> None:
             super().__init__()

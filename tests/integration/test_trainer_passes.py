@@ -9,7 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import pytest
+import lightning.pytorch as lightning
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -20,7 +20,6 @@ from invariants.events import CLIP_GRAD_NORM, OPTIMIZER_STEP
 from producers.trainer_passes import trainer_skips_backward
 from tests.support.producer_traces import trace_batches, trace_events
 
-lightning = pytest.importorskip("lightning.pytorch")
 
 EPOCHS, BATCHES = 3, 4
 
