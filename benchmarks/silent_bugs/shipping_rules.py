@@ -22,7 +22,8 @@ a candidate ships only with evidence that it is a law of training code, not a ha
   loss is never computed in stage S" (a validation loss is good practice), nothing
   about when a state dict is restored or an epoch starts but their contracts
   (``MIN_POSITIVES_RARE_CALLS`` examples are enough there: a run restores and starts
-  epochs a few times, not every step), no "a module's forward comes before the loss"
+  epochs a few times, not every step; the same holds for the contracts judged once an
+  epoch, ``PER_EPOCH_CONTRACTS``), no "a module's forward comes before the loss"
   (models written with raw tensors have none);
 * **data is not a law**: a module's or a loss's input agreeing across data-parallel
   ranks is refused (each rank pads its own batch), and so is a loss's output dtype
@@ -62,6 +63,12 @@ MIN_POSITIVES_FIRST_FORWARDS = 6
 #: weights before a test) and starts an epoch a few times a run, not every step: the
 #: contracts on restores and epochs count them.
 MIN_POSITIVES_RARE_CALLS = 6
+#: Contracts judged once an epoch, whatever API they sit on: an epoch schedule's step
+#: (``StepLR``/``MultiStepLR`` step after each epoch) and a training pass's worker start
+#: (workers start afresh each epoch).  A 6-step reference run holds one to three epochs,
+#: so they count epochs like the restores and epoch starts above; the pipelines, styles
+#: and validation runs they need stay.
+PER_EPOCH_CONTRACTS = frozenset({"steps_once_per_epoch", "fresh_dataset_rng"})
 #: APIs recorded for their contract alone: when and after what a program restores a
 #: state dict or starts an epoch is its own choice, so no other rule may name them
 CONTRACT_ONLY_APIS = frozenset({MODULE_LOAD_STATE_DICT, DATALOADER_EPOCH})
@@ -110,7 +117,8 @@ def min_positives(invariant: Mapping[str, Any]) -> int:
         return MIN_POSITIVES_WORKER_STARTS
     if invariant["params"].get("first_forward") is True:
         return MIN_POSITIVES_FIRST_FORWARDS
-    if invariant["relation"] == "ApiContract" and invariant["params"].get("api") in CONTRACT_ONLY_APIS:
+    if invariant["relation"] == "ApiContract" and (invariant["params"].get("api") in CONTRACT_ONLY_APIS
+                                                   or invariant["params"].get("contract") in PER_EPOCH_CONTRACTS):
         return MIN_POSITIVES_RARE_CALLS
     return MIN_POSITIVES
 

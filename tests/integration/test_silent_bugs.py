@@ -160,6 +160,18 @@ def test_shipping_rules_need_pipelines_of_several_styles_examples_and_agreed_con
     assert evidence_reasons(workers, worker_support, {}) == []  # workers start once an epoch
     assert [r.split(" ")[0] for r in evidence_reasons(dict(workers, examples={"positive": 5}), worker_support, {})] == [
         "positive"]
+    for contract, api in (("steps_once_per_epoch", "torch.optim.lr_scheduler.LRScheduler.step"),
+                          ("fresh_dataset_rng", "torch.utils.data.worker_init")):
+        per_epoch = {"relation": "ApiContract", "params": {"contract": contract, "api": api},
+                     "examples": {"positive": 6}}
+        per_epoch_support = {shape(per_epoch): {"mnist_examples", "siamese_examples", "pointnet_owned_rng"}}
+        assert evidence_reasons(per_epoch, per_epoch_support, {}) == []  # judged once an epoch
+        assert [r.split(" ")[0] for r in evidence_reasons(per_epoch, {shape(per_epoch): {"mnist_examples"}}, {})] == [
+            "pipelines", "styles"]
+    per_step = {"relation": "ApiContract", "params": {"contract": "keeps_learning", "api": "torch.optim.Optimizer.step"},
+                "examples": {"positive": 6}}
+    assert [r.split(" ")[0] for r in evidence_reasons(per_step, {shape(per_step): {"mlp", "lstm_classifier",
+                                                                                   "ddp_torchrun"}}, {})] == ["positive"]
     assert any(r.startswith("keyed on a user class") for r in evidence_reasons(
         {"relation": "TrainingFlag", "params": {**rule["params"], "mtype": "Net"}, "examples": rule["examples"]},
         three_styles, {}))
