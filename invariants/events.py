@@ -273,7 +273,10 @@ DATALOADER_EPOCH = "torch.utils.data.DataLoader.__iter__"
 #: stepped every few iterations is not then stepped after a single one (an epoch
 #: schedule moved into the batch loop); ``compares_like_shapes`` — no subtraction in a
 #: scalar loss's own arithmetic broadcasts a ``(B, 1)`` model output against a ``(B,)``
-#: target into a ``(B, B)`` matrix (a hand-written squared error on mismatched shapes).
+#: target into a ``(B, B)`` matrix (a hand-written squared error on mismatched shapes);
+#: ``keeps_stored_samples`` — no batch fetched since an optimizer's previous step wrote
+#: into the sample tensors its dataset stores for samples already fetched before
+#: (in-place masking or augmentation of cached data).
 CONTRACTS: dict[str, str] = {
     "unscaled_grads": CLIP_GRAD_NORM,
     "replaces_weights": MODULE_LOAD_STATE_DICT,
@@ -284,6 +287,7 @@ CONTRACTS: dict[str, str] = {
     "optimizes_unfrozen": OPTIMIZER_STEP,
     "keeps_weights_after_eval": OPTIMIZER_STEP,
     "averages_accumulated_losses": OPTIMIZER_STEP,
+    "keeps_stored_samples": OPTIMIZER_STEP,
     "resumes_schedule": SCHEDULER_STEP,
     "steps_once_per_epoch": SCHEDULER_STEP,
     "compares_like_shapes": TENSOR_BACKWARD,

@@ -9,7 +9,8 @@ which dataset RNG state the workers of the latest training pass started from, wh
 the latest backward's gradients are still unused, the weights each optimizer left at
 its latest step, the losses of each optimizer's accumulation cycle,
 which optimizers were resumed from a checkpoint, the training epochs the program
-showed and how often each epoch schedule was stepped.
+showed and how often each epoch schedule was stepped, and whether a dataset wrote into
+the samples it stores.
 They live together here so that the tracer holds one object for all of them.
 """
 
@@ -30,6 +31,7 @@ from .optimizer_restarts import OptimizerRestarts
 from .replayed_rngs import ReplayedRngs
 from .sampler_epochs import SamplerEpochs
 from .schedule_resumes import ScheduleResumes
+from .stored_samples import StoredSamples
 from .unfrozen_params import UnfrozenParams
 from .wasted_grads import WastedGrads
 from .weight_rewinds import WeightRewinds
@@ -53,6 +55,7 @@ class ContractFacts:
     accumulation: AccumulatedLosses
     schedule_resumes: ScheduleResumes
     epoch_schedules: EpochSchedules
+    stored_samples: StoredSamples
 
     def at_step(self, optimizer: torch.optim.Optimizer, optimizer_name: str,
                 roots: Callable[[], list[torch.nn.Module]], ownership: "ParameterOwnership") -> dict[str, bool | None]:
@@ -66,10 +69,12 @@ class ContractFacts:
             "keeps_weights_after_eval": self.eval_weights.keeps_weights_after_eval(
                 optimizer, lambda: ownership.digests_held_alone(optimizer)),
             "averages_accumulated_losses": self.accumulation.averages_accumulated_losses(optimizer_name),
+            "keeps_stored_samples": self.stored_samples.keeps_stored_samples(optimizer),
         }
 
     @classmethod
     def create(cls, is_trained: Callable[[torch.Tensor], bool]) -> "ContractFacts":
         return cls(OptimizerRestarts(is_trained), LossScaleTracker(), GraphCuts(), SamplerEpochs(),
                    LearningRates(), WeightRewinds(), UnfrozenParams(), ReplayedRngs(),
-                   WastedGrads(), EvalWeights(), AccumulatedLosses(), ScheduleResumes(), EpochSchedules())
+                   WastedGrads(), EvalWeights(), AccumulatedLosses(), ScheduleResumes(), EpochSchedules(),
+                   StoredSamples())

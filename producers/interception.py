@@ -47,6 +47,7 @@ from .probabilities import install_probability_marks
 from .loss_averaging import count_batches
 from .loss_shapes import compares_like_shapes
 from .sampler_epochs import patch_dataloader_epochs
+from .stored_samples import patch_dataset_fetches
 from .selection import COLLECTIVES, DROPOUT_FUNCTIONS, INIT_FUNCTIONS, LOSS_FUNCTIONS, Selection
 from .tracer import Tracer, is_compiling
 
@@ -291,7 +292,7 @@ def install(tracer: Tracer, selection: Selection, on_rank_change: Callable[[], N
     if selection.wants(CLIP_GRAD_NORM) or selection.wants(OPTIMIZER_STEP):
         handles += tracer.contracts.loss_scale.install(tracer.contracts.accumulation.loss_scaled)
     if selection.wants(OPTIMIZER_STEP):
-        handles.append(count_batches(tracer.contracts.accumulation))
+        handles += [count_batches(tracer.contracts.accumulation), patch_dataset_fetches(tracer)]
     if selection.wants(SCHEDULER_STEP):
         handles += tracer.contracts.schedule_resumes.install()
     if selection.wants(DATALOADER_EPOCH) or selection.wants(SCHEDULER_STEP):

@@ -44,6 +44,8 @@ DESCRIPTIONS: dict[str, str] = {
                                  "(whatever the evaluation swapped in was swapped back out)"),
     "averages_accumulated_losses": ("{api} never takes the sum of several micro-batch losses that nothing "
                                     "rescaled (accumulated gradients are averaged, not summed)"),
+    "keeps_stored_samples": ("{api} never trains on batches whose fetch wrote into the sample tensors the dataset "
+                             "stores, for samples already served before"),
     "resumes_schedule": ("{api} never starts a schedule over from epoch 0 for an optimizer resumed from a "
                          "checkpoint"),
     "steps_once_per_epoch": ("{api} of a StepLR/MultiStepLR counts epochs: stepped per iteration it never lowers "
@@ -105,6 +107,10 @@ HINTS: dict[str, str] = {
                                     "were not divided by their number: the update follows their sum, k times the "
                                     "mean gradient, as if the learning rate were k times larger; back-propagate "
                                     "loss / accumulation_steps (or normalise by the step's total token count)"),
+    "keeps_stored_samples": ("fetching this step's batch wrote into the tensors the dataset keeps its samples in, "
+                             "for samples it had served before: __getitem__ edits a view of its storage in place "
+                             "(MLM masking, noise or normalisation without clone()), so every epoch after the first "
+                             "trains on samples already masked or augmented; clone() the sample before editing it"),
     "resumes_schedule": ("the optimizer was resumed from a checkpoint (its state was loaded) but this scheduler "
                          "starts from epoch 0: its state was not saved or not loaded (accelerate saves only prepared or "
                          "registered schedulers), so the warm-up replays and the decay is shifted by the resumed steps; "
