@@ -143,3 +143,17 @@ def test_fetched_indices_say_whether_every_index_was_fetched_before(size):
     assert not seen.all_seen_then_mark(range(size))  # all but 0 are new
     assert seen.all_seen_then_mark(range(size)) and seen.all_seen_then_mark([size - 1])
     assert not FetchedIndices(size).all_seen_then_mark(["a key"])
+
+
+def test_the_private_fetcher_this_relies_on_is_what_a_single_process_dataloader_calls():
+    """torch's ``_MapDatasetFetcher.fetch(possibly_batched_index)``, with ``dataset`` and
+    ``auto_collation``, is the one private name `producers.stored_samples` patches."""
+    from torch.utils.data._utils.fetch import _MapDatasetFetcher
+
+    dataset = TensorDataset(torch.arange(12.0).reshape(6, 2))
+    iterator = iter(DataLoader(dataset, batch_size=3))
+    fetcher = iterator._dataset_fetcher
+    assert type(fetcher) is _MapDatasetFetcher and fetcher.dataset is dataset and fetcher.auto_collation
+    assert torch.equal(fetcher.fetch([0, 1])[0], dataset.tensors[0][:2])
+    unbatched = iter(DataLoader(dataset, batch_size=None))._dataset_fetcher
+    assert not unbatched.auto_collation and torch.equal(unbatched.fetch(4)[0], dataset.tensors[0][4])
