@@ -14,8 +14,10 @@ legitimate with periods counted in batches (detection recipes, Lightning's
   epoch boundary since its previous drop, or since its first call: it decays faster
   than once an epoch;
 * a schedule that was stepped only every few iterations (its optimizer stepped at
-  least twice between any two of its calls) is then stepped after a single step: the
-  loop it is stepped in changed from the epoch loop to the batch loop.
+  least twice between any two of its calls) is then stepped after a single step with
+  no epoch boundary in between: the loop it is stepped in changed from the epoch loop
+  to the batch loop (after a boundary, a single step is a short epoch: the tail of a
+  run cut at a step budget).
 
 Iterations are counted as steps of the schedule's own optimizer, so a GAN's two
 optimizers each step once an iteration and gradient accumulation steps once per
@@ -73,6 +75,7 @@ class _Calls:
 
     steps: int  # its optimizer's steps at the previous call
     reference_epoch: int  # the epoch at its previous drop, or at its first call
+    epoch: int  # the epoch at its previous call
     gaps_wide: bool | None = None  # every gap so far ≥ 2 optimizer steps; None: one call so far
 
 
@@ -103,15 +106,18 @@ class EpochSchedules:
         steps = self._steps.get(scheduler.optimizer, 0)
         calls = self._calls.get(scheduler)
         if calls is None:
-            self._calls[scheduler] = _Calls(steps, self.epoch)
+            self._calls[scheduler] = _Calls(steps, self.epoch, self.epoch)
             return True if self.epoch else None
         gap = steps - calls.steps
         drops = lowers_rate(scheduler)
-        kept = not (calls.gaps_wide and gap <= 1)  # moved from the epoch loop into the batch loop
+        # moved from the epoch loop into the batch loop; after an epoch boundary a short
+        # gap is a short epoch (the tail of a run cut at a step budget), not a new loop
+        kept = not (calls.gaps_wide and gap <= 1 and calls.epoch == self.epoch)
         if drops and gap <= 1 and self.epoch and calls.reference_epoch == self.epoch:
             kept = False  # a second drop, or a first one, within one epoch
         calls.gaps_wide = gap >= 2 if calls.gaps_wide is None else calls.gaps_wide and gap >= 2
         calls.steps = steps
+        calls.epoch = self.epoch
         if drops:
             calls.reference_epoch = self.epoch
         if not self.epoch and kept:

@@ -90,6 +90,28 @@ def test_an_epoch_schedule_stepped_per_epoch_keeps_it(tmp_path, step_size):
     assert _train(tmp_path, _step_lr(step_size), per_batch=False) == ["absent", True, True, True]
 
 
+@pytest.mark.parametrize("step_size", [1, 2])
+def test_a_run_cut_at_a_step_budget_keeps_it_in_its_one_step_last_epoch(tmp_path, step_size):
+    """Stepped per epoch, the last epoch one batch long (the budget's remainder, as the
+    MNIST example's ``--dry-run``-style budgets do): a short epoch, not a new loop."""
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with producers.instrument(run_id="r-budget", trace_dir=tmp_path, quiet=True):
+        scheduler = _step_lr(step_size)(optimizer)
+        budget = 2 * BATCHES_PER_EPOCH + 1
+        for _ in range(3):
+            for x, y in _loader():
+                if budget == 0:
+                    break
+                optimizer.zero_grad()
+                F.mse_loss(model(x), y).backward()
+                optimizer.step()
+                budget -= 1
+            scheduler.step()
+    assert _verdicts(tmp_path) == ["absent", True, True, True]
+
+
 def test_a_per_iteration_schedule_with_a_period_longer_than_an_epoch_keeps_it(tmp_path):
     verdicts = _train(tmp_path, _step_lr(BATCHES_PER_EPOCH + 2), per_batch=True, epochs=4)
     assert verdicts[0] == "absent" and set(verdicts[1:]) == {True}
