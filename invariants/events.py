@@ -276,7 +276,9 @@ DATALOADER_EPOCH = "torch.utils.data.DataLoader.__iter__"
 #: target into a ``(B, B)`` matrix (a hand-written squared error on mismatched shapes);
 #: ``keeps_stored_samples`` — no batch fetched since an optimizer's previous step wrote
 #: into the sample tensors its dataset stores for samples already fetched before
-#: (in-place masking or augmentation of cached data).
+#: (in-place masking or augmentation of cached data); ``fresh_autocast_weights`` — no
+#: training forward since an optimizer's previous step ran under autocast on casts it
+#: cached before an optimizer stepped inside the same autocast region (stale weights).
 CONTRACTS: dict[str, str] = {
     "unscaled_grads": CLIP_GRAD_NORM,
     "replaces_weights": MODULE_LOAD_STATE_DICT,
@@ -288,6 +290,7 @@ CONTRACTS: dict[str, str] = {
     "keeps_weights_after_eval": OPTIMIZER_STEP,
     "averages_accumulated_losses": OPTIMIZER_STEP,
     "keeps_stored_samples": OPTIMIZER_STEP,
+    "fresh_autocast_weights": OPTIMIZER_STEP,
     "resumes_schedule": SCHEDULER_STEP,
     "steps_once_per_epoch": SCHEDULER_STEP,
     "compares_like_shapes": TENSOR_BACKWARD,

@@ -9,8 +9,9 @@ which dataset RNG state the workers of the latest training pass started from, wh
 the latest backward's gradients are still unused, the weights each optimizer left at
 its latest step, the losses of each optimizer's accumulation cycle,
 which optimizers were resumed from a checkpoint, the training epochs the program
-showed and how often each epoch schedule was stepped, and whether a dataset wrote into
-the samples it stores.
+showed and how often each epoch schedule was stepped, whether a dataset wrote into
+the samples it stores, and whether an optimizer stepped since autocast last dropped
+its cached casts.
 They live together here so that the tracer holds one object for all of them.
 """
 
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from .amp_scaling import LossScaleTracker
+from .autocast_cache import AutocastCache
 from .epoch_schedules import EpochSchedules
 from .eval_weights import EvalWeights
 from .graph_cuts import GraphCuts
@@ -56,6 +58,7 @@ class ContractFacts:
     schedule_resumes: ScheduleResumes
     epoch_schedules: EpochSchedules
     stored_samples: StoredSamples
+    autocast_cache: AutocastCache
 
     def at_step(self, optimizer: torch.optim.Optimizer, optimizer_name: str,
                 roots: Callable[[], list[torch.nn.Module]], ownership: "ParameterOwnership") -> dict[str, bool | None]:
@@ -70,6 +73,7 @@ class ContractFacts:
                 optimizer, lambda: ownership.digests_held_alone(optimizer)),
             "averages_accumulated_losses": self.accumulation.averages_accumulated_losses(optimizer_name),
             "keeps_stored_samples": self.stored_samples.keeps_stored_samples(optimizer),
+            "fresh_autocast_weights": self.autocast_cache.fresh_autocast_weights(optimizer),
         }
 
     @classmethod
@@ -77,4 +81,4 @@ class ContractFacts:
         return cls(OptimizerRestarts(is_trained), LossScaleTracker(), GraphCuts(), SamplerEpochs(),
                    LearningRates(), WeightRewinds(), UnfrozenParams(), ReplayedRngs(),
                    WastedGrads(), EvalWeights(), AccumulatedLosses(), ScheduleResumes(), EpochSchedules(),
-                   StoredSamples())
+                   StoredSamples(), AutocastCache())

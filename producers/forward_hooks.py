@@ -58,6 +58,7 @@ class ForwardHooks:
                     self._root_ref = weakref.ref(model)
                     self._set_auto_stage(stage_of(model, self.registry.roots(), self.ownership.optimizes_inputs_of))
                     if model.training and torch.is_grad_enabled():
+                        self.contracts.autocast_cache.training_forward(self._autocast_devices)
                         self.root_forward_signal()
             if torch.is_grad_enabled() or tls.checkpointed or tls.cut_checkpointed:
                 self.contracts.graph_cuts.ran(module)

@@ -292,7 +292,8 @@ def install(tracer: Tracer, selection: Selection, on_rank_change: Callable[[], N
     if selection.wants(CLIP_GRAD_NORM) or selection.wants(OPTIMIZER_STEP):
         handles += tracer.contracts.loss_scale.install(tracer.contracts.accumulation.loss_scaled)
     if selection.wants(OPTIMIZER_STEP):
-        handles += [count_batches(tracer.contracts.accumulation), patch_dataset_fetches(tracer)]
+        handles += [count_batches(tracer.contracts.accumulation), patch_dataset_fetches(tracer),
+                    tracer.contracts.autocast_cache.install()]
     if selection.wants(SCHEDULER_STEP):
         handles += tracer.contracts.schedule_resumes.install()
     if selection.wants(DATALOADER_EPOCH) or selection.wants(SCHEDULER_STEP):

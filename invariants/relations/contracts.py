@@ -46,6 +46,8 @@ DESCRIPTIONS: dict[str, str] = {
                                     "rescaled (accumulated gradients are averaged, not summed)"),
     "keeps_stored_samples": ("{api} never trains on batches whose fetch wrote into the sample tensors the dataset "
                              "stores, for samples already served before"),
+    "fresh_autocast_weights": ("{api} never follows a training forward that autocast ran on low-precision casts "
+                               "cached before an optimizer updated the weights in the same autocast region"),
     "resumes_schedule": ("{api} never starts a schedule over from epoch 0 for an optimizer resumed from a "
                          "checkpoint"),
     "steps_once_per_epoch": ("{api} of a StepLR/MultiStepLR counts epochs: stepped per iteration it never lowers "
@@ -111,6 +113,11 @@ HINTS: dict[str, str] = {
                              "for samples it had served before: __getitem__ edits a view of its storage in place "
                              "(MLM masking, noise or normalisation without clone()), so every epoch after the first "
                              "trains on samples already masked or augmented; clone() the sample before editing it"),
+    "fresh_autocast_weights": ("an optimizer stepped inside the autocast region this forward ran in: autocast keeps "
+                               "its low-precision casts of the weights until the outermost region exits, so the "
+                               "forward computed with the weights as they were at the region's first forward and "
+                               "training stalls; wrap only the forward and loss in torch.autocast (step the "
+                               "optimizer outside it), or pass cache_enabled=False"),
     "resumes_schedule": ("the optimizer was resumed from a checkpoint (its state was loaded) but this scheduler "
                          "starts from epoch 0: its state was not saved or not loaded (accelerate saves only prepared or "
                          "registered schedulers), so the warm-up replays and the decay is shifted by the resumed steps; "
