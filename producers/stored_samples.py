@@ -10,8 +10,8 @@ version counters do (a view shares its base's counter).
 
 A fetch (torch's ``_MapDatasetFetcher.fetch``, what a DataLoader's iterator calls for
 each batch in the main process) is judged when the dataset holds sample tensors (two or
-more dimensions, no gradient; also inside ``Subset``/``ConcatDataset`` and datasets a
-wrapper holds).  It breaks the
+more dimensions, a row per sample, no gradient; also inside ``Subset``/``ConcatDataset``
+and datasets a wrapper holds).  It breaks the
 contract when the stored tensors' version moved during the fetch and every index it
 fetched had been fetched before: a cache filled on first access writes only for
 indices never fetched, in whatever pass that happens, so only an edit of samples
@@ -42,21 +42,27 @@ MAX_NESTING = 4
 
 def stored_sample_tensors(dataset: Any, depth: int = 0) -> list[torch.Tensor]:
     """The tensors a dataset keeps its samples in: attributes (or tuples and lists of
-    them, as ``TensorDataset.tensors``) with two or more dimensions and no gradient, its
-    own or those of the datasets it wraps."""
+    them, as ``TensorDataset.tensors``) with two or more dimensions, one row per sample
+    (as many as the dataset's length) and no gradient, its own or those of the datasets
+    it wraps.  A scratch buffer shaped like one sample is not storage."""
     if depth > MAX_NESTING:
         return []
     if isinstance(dataset, Subset):
         return stored_sample_tensors(dataset.dataset, depth + 1)
     if isinstance(dataset, ConcatDataset):
         return [t for part in dataset.datasets for t in stored_sample_tensors(part, depth + 1)]
+    try:
+        size = len(dataset)
+    except TypeError:
+        size = None
     found: list[torch.Tensor] = []
     for value in getattr(dataset, "__dict__", {}).values():
         if isinstance(value, Dataset):  # a wrapper (transforms, a view) over the dataset that stores
             found += stored_sample_tensors(value, depth + 1)
             continue
         for item in value if isinstance(value, (tuple, list)) and len(value) <= 16 else (value,):
-            if isinstance(item, torch.Tensor) and item.dim() >= 2 and not item.requires_grad:
+            if (isinstance(item, torch.Tensor) and item.dim() >= 2 and item.shape[0] == size
+                    and not item.requires_grad):
                 found.append(item)
     return found
 

@@ -120,6 +120,23 @@ def test_a_cache_filled_on_first_access_keeps_it_also_over_passes_cut_short(tmp_
     assert float(dataset.reads.sum()) == 4 * 2 * BATCH and bool(dataset.filled.all())
 
 
+def test_a_scratch_buffer_rewritten_on_every_read_is_not_storage(tmp_path):
+    class Noised(Dataset):
+        def __init__(self) -> None:
+            self.images = torch.randn(SAMPLES, 2, 3)
+            self.noise = torch.empty(2, 3)  # shaped like one sample, refilled on every read
+
+        def __len__(self) -> int:
+            return SAMPLES
+
+        def __getitem__(self, index):
+            return (self.images[index] + self.noise.normal_()).flatten(), torch.zeros(1)
+
+    dataset = Noised()
+    assert [id(t) for t in stored_sample_tensors(dataset)] == [id(dataset.images)]
+    assert _train(tmp_path, dataset, epochs=2) == [True] * (2 * STEPS_PER_EPOCH)
+
+
 def test_fetches_in_dataloader_workers_are_not_judged(tmp_path):
     assert _train(tmp_path, MaskingCorpus(clone=False), epochs=2, workers=1) == [None] * (2 * STEPS_PER_EPOCH)
 
