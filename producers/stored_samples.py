@@ -24,6 +24,7 @@ not judged.
 
 from __future__ import annotations
 
+import operator
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
@@ -82,8 +83,12 @@ class FetchedIndices:
         if bits is None:
             return True
         seen = True
-        for index in indices:
-            if not isinstance(index, int) or not 0 <= index < self.size:
+        for key in indices:
+            try:
+                index = operator.index(key)  # ints, NumPy and 0-d integer tensor indices
+            except TypeError:
+                index = -1
+            if not 0 <= index < self.size:
                 seen = False  # keys that are no positions: judged as new
                 continue
             byte, mask = index >> 3, 1 << (index & 7)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+import numpy
 import pytest
 import torch
 from torch import nn
@@ -160,6 +161,9 @@ def test_fetched_indices_say_whether_every_index_was_fetched_before(size):
     assert not seen.all_seen_then_mark(range(size))  # all but 0 are new
     assert seen.all_seen_then_mark(range(size)) and seen.all_seen_then_mark([size - 1])
     assert not FetchedIndices(size).all_seen_then_mark(["a key"])
+    typed = FetchedIndices(size)
+    assert not typed.all_seen_then_mark([numpy.int64(1), torch.tensor(0)])
+    assert typed.all_seen_then_mark([1, 0])
 
 
 def test_the_private_fetcher_this_relies_on_is_what_a_single_process_dataloader_calls():
