@@ -99,8 +99,8 @@ FIELD_BUGS: tuple[BugCase, ...] = (
         "scheduler_stepped_per_batch", "epoch-based StepLR stepped every batch; learning rate collapses",
         "hazdzz/stgcn-18", ("LRScheduler.step", "lr"), "APISequence (scheduler steps once per epoch)",
         cause_class="learning-rate schedule stepped at the wrong frequency",
-        gap="steps_once_per_epoch, which would report it two windows late, is not shipped (10 positive examples in "
-            "the reference corpus, under the 30 required)",
+        gap="steps_once_per_epoch reports it two windows late: the onset iteration also steps in the healthy twin, so "
+            "the first differing call comes one iteration later",
     ),
     BugCase(
         "frozen_bn_stats_updated", "backbone frozen with requires_grad=False; its BatchNorm running stats keep moving",
