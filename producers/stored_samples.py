@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import operator
 import weakref
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import torch
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
 
 #: how deep nested datasets (Subset of a ConcatDataset of ...) are searched for storage
 MAX_NESTING = 4
+#: storages whose fetched indices are remembered (the oldest forgotten first)
+MAX_STORAGES = 64
 
 
 def stored_sample_tensors(dataset: Any, depth: int = 0) -> list[torch.Tensor]:
@@ -108,29 +111,45 @@ class StoredSamples:
     def __init__(self) -> None:
         # id(dataset) -> (weak reference, its storage, the indices fetched so far); None: not judged
         self._datasets: dict[int, tuple[Any, list[torch.Tensor], FetchedIndices] | None] = {}
+        # storage (length, addresses) -> indices fetched: a dataset built anew each epoch over
+        # the same tensors has fetched what its predecessors fetched
+        self._fetched: "OrderedDict[tuple[int, tuple[int, ...]], FetchedIndices]" = OrderedDict()
         self._fetches = 0  # judged fetches so far
         self._last_broken = -1  # the number of the latest fetch that broke the contract
         self._seen_by: dict[int, int] = {}  # id(optimizer) -> judged fetches at its previous step
 
     def _state(self, dataset: Any) -> tuple[Any, list[torch.Tensor], FetchedIndices] | None:
         key = id(dataset)
-        if key in self._datasets:
-            state = self._datasets[key]
-            if state is None or state[0]() is dataset:
-                return state
-        tensors = stored_sample_tensors(dataset)
+        state = self._datasets.get(key)
+        if state is not None and state[0]() is dataset:
+            return state
         try:
-            size = len(dataset)
             ref = weakref.ref(dataset, lambda _dead, key=key: self._datasets.pop(key, None))
-        except TypeError:  # no length or no weak references: not judged
-            tensors = []
-        self._datasets[key] = state = (ref, tensors, FetchedIndices(size)) if tensors else None
+        except TypeError:  # no weak references: looked at afresh on every fetch
+            ref = None
+        tensors = stored_sample_tensors(dataset)
+        if not tensors:
+            if ref is not None:
+                self._datasets[key] = (ref, [], FetchedIndices(0))
+            return None
+        state = (ref, tensors, self._indices_of(len(dataset), tensors))
+        if ref is not None:
+            self._datasets[key] = state
         return state
+
+    def _indices_of(self, size: int, tensors: list[torch.Tensor]) -> FetchedIndices:
+        storage = (size, tuple(tensor.data_ptr() for tensor in tensors))
+        fetched = self._fetched.get(storage)
+        if fetched is None:
+            fetched = self._fetched[storage] = FetchedIndices(size)
+            if len(self._fetched) > MAX_STORAGES:
+                self._fetched.popitem(last=False)
+        return fetched
 
     def before_fetch(self, fetcher: Any) -> tuple[list[torch.Tensor], list[int], FetchedIndices] | None:
         """The storage's versions before a fetch; None when the dataset is not judged."""
         state = self._state(fetcher.dataset)
-        if state is None:
+        if state is None or not state[1]:
             return None
         _ref, tensors, fetched = state
         return tensors, [tensor._version for tensor in tensors], fetched

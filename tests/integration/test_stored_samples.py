@@ -88,6 +88,25 @@ def test_in_place_masking_of_stored_samples_breaks_the_contract_from_the_second_
     assert verdicts == [True] * STEPS_PER_EPOCH + [False] * (2 * STEPS_PER_EPOCH)
 
 
+def test_a_dataset_built_anew_each_epoch_over_the_same_corpus_is_caught_too(tmp_path):
+    corpus = MaskingCorpus(clone=False).input_ids
+    torch.manual_seed(0)
+    model = nn.Linear(6, 6)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    with producers.instrument(run_id="r-anew", trace_dir=tmp_path, quiet=True):
+        for _ in range(2):
+            dataset = MaskingCorpus(clone=False)
+            dataset.input_ids = corpus  # the tokenised corpus is kept; the dataset object is not
+            for x, y in DataLoader(dataset, batch_size=BATCH, shuffle=True):
+                optimizer.zero_grad()
+                F.mse_loss(model(x), y).backward()
+                optimizer.step()
+    verdicts = [((event.get("ctx") or {}).get("contract") or {}).get("keeps_stored_samples")
+                for _, event in trace_events(read_trace_dir(tmp_path).popitem()[1])
+                if event["kind"] == "call" and event["phase"] == "pre" and event["api"] == OPTIMIZER_STEP]
+    assert verdicts == [True] * STEPS_PER_EPOCH + [False] * STEPS_PER_EPOCH
+
+
 def test_masking_a_clone_keeps_it(tmp_path):
     assert _train(tmp_path, MaskingCorpus(clone=True)) == [True] * (3 * STEPS_PER_EPOCH)
 
