@@ -62,9 +62,9 @@ def summarize_tensor(tensor: torch.Tensor, name_of: NameLookup | None = None) ->
         name = name_of(tensor)
         if name is not None:
             summary["name"] = name
-    if numel == 1 and device.type == "cpu" and not tensor.is_meta:
+    if numel == 1 and device.type == "cpu":
         try:
-            summary["value"] = tensor.detach().reshape(()).item()
+            summary["value"] = tensor.item()  # a third of the time of detach().reshape(()).item()
         except (RuntimeError, ValueError):  # fake/functional tensors have no value
             pass
     return summary
