@@ -86,15 +86,22 @@ class ParameterOwnership:
         self._mark_trained(p for group in optimizer.param_groups for p in group.get("params", ()))
 
     def cleared_by(self, module: torch.nn.Module) -> list[str]:
-        """The optimizers all of whose parameters ``module`` holds (what its zero_grad clears)."""
+        """The optimizers whose gradients ``module.zero_grad()`` leaves empty: every
+        parameter they hold is the module's or has no gradient (a loss-weighting module
+        not in the graph yet, a second module an earlier clear already emptied), as for
+        hand clears (`producers.grad_clears`)."""
         if not self._optimizers:
             return []
         held = {id(p) for p in module.parameters()}
-        return [
-            optimizer_id(index)
-            for index, (ref, params) in sorted(self._optimizers.items())
-            if params and ref() is not None and params <= held
-        ]
+        cleared = []
+        for index, (ref, params) in sorted(self._optimizers.items()):
+            optimizer = ref()
+            if not params or optimizer is None or not params & held:
+                continue
+            if params <= held or all(p.grad is None for group in optimizer.param_groups
+                                     for p in group.get("params", ()) if id(p) not in held):
+                cleared.append(optimizer_id(index))
+        return cleared
 
     def digests_held_alone(self, optimizer: torch.optim.Optimizer) -> dict[int, str]:
         """Data digests of the parameters ``optimizer`` holds and no other live optimizer

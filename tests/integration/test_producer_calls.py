@@ -166,6 +166,27 @@ def test_module_zero_grad_is_its_own_family(tmp_path):
     assert zero[0]["mtype"] == "Sequential"
 
 
+def test_module_zero_grad_clears_an_optimizer_whose_other_parameters_hold_no_gradient(tmp_path):
+    """``model.zero_grad()`` clears an optimizer that also holds a loss-weighting module's
+    parameters while they have no gradient, and a second module's clear completes one that
+    a first module's clear began; it stops clearing once those parameters take gradients."""
+    with producers.instrument(run_id="r-mzg-partial", trace_dir=tmp_path):
+        encoder, decoder = nn.Linear(3, 2), nn.Linear(2, 1)
+        task_weights = nn.Parameter(torch.ones(2))
+        optimizer = torch.optim.SGD([*encoder.parameters(), *decoder.parameters(), task_weights], lr=0.1)
+        for weighted in (False, True):
+            for module in (encoder, decoder):
+                module.zero_grad()
+            loss = decoder(encoder(torch.randn(2, 3))).sum()
+            (loss * task_weights.sum() if weighted else loss).backward()
+            optimizer.step()
+        encoder.zero_grad(), decoder.zero_grad()  # task_weights now hold a gradient
+    clears = [e["clears"] for _, e in trace_events(trace_batches(tmp_path))
+              if e["kind"] == "call" and e["phase"] == "pre" and e["api"] == "torch.nn.Module.zero_grad"]
+    # before any backward nothing holds a gradient: each clear leaves opt0 empty
+    assert clears == [["opt0"], ["opt0"], [], ["opt0"], [], []]
+
+
 def test_enum_arguments_carry_their_member_name():
     import torch.distributed as dist
 
