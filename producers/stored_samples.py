@@ -13,9 +13,11 @@ each batch in the main process) is judged when the dataset holds sample tensors 
 more dimensions, a row per sample, no gradient; also inside ``Subset``/``ConcatDataset``
 and datasets a wrapper holds).  It breaks the
 contract when the stored tensors' version moved during the fetch and every index it
-fetched had been fetched before: a cache filled on first access writes only for
-indices never fetched, in whatever pass that happens, so only an edit of samples
-already served is left.  The answer reaches the next step of each optimizer as
+fetched had been fetched before by a fetch that wrote: a cache filled on first access
+writes in the fetch that first serves an index, so a later write is for an index
+never served before, in whatever pass that happens; only an edit of samples already
+served is left.  Fetches that write nothing (every fetch of a healthy dataset) cost
+two version reads per storage tensor and nothing more.  The answer reaches the next step of each optimizer as
 ``keeps_stored_samples`` (`producers.contract_facts`).  Fetches inside DataLoader worker
 processes (their dataset is a copy that dies with the worker unless it persists),
 iterable datasets, NumPy storage and one-dimensional tensors (counters, labels) are
@@ -72,8 +74,8 @@ def stored_sample_tensors(dataset: Any, depth: int = 0) -> list[torch.Tensor]:
 
 
 class FetchedIndices:
-    """Which indices of one dataset were fetched before, as a bitmap (a dataset of a
-    million samples costs 125 kB); once every index was fetched, only that is kept."""
+    """Which indices of one dataset were served before, as a bitmap (a dataset of a
+    million samples costs 125 kB); once every index was, only that is kept."""
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -81,7 +83,7 @@ class FetchedIndices:
         self._count = 0
 
     def all_seen_then_mark(self, indices: Iterable[Any]) -> bool:
-        """Whether every index was fetched before; marks them fetched."""
+        """Whether every index was served before; marks them served."""
         bits = self._bits
         if bits is None:
             return True
@@ -109,16 +111,17 @@ class StoredSamples:
     """Judges fetches; each optimizer step learns whether a fetch since its previous step broke the contract."""
 
     def __init__(self) -> None:
-        # id(dataset) -> (weak reference, its storage, the indices fetched so far); None: not judged
-        self._datasets: dict[int, tuple[Any, list[torch.Tensor], FetchedIndices] | None] = {}
-        # storage (length, addresses) -> indices fetched: a dataset built anew each epoch over
-        # the same tensors has fetched what its predecessors fetched
+        # id(dataset) -> (weak reference, its storage, the indices its writing fetches served);
+        # a dataset without storage is kept with none, and not judged
+        self._datasets: dict[int, tuple[Any, list[torch.Tensor], FetchedIndices]] = {}
+        # storage (length, addresses) -> indices served by writing fetches: a dataset built
+        # anew each epoch over the same tensors has served what its predecessors served
         self._fetched: "OrderedDict[tuple[int, tuple[int, ...]], FetchedIndices]" = OrderedDict()
         self._fetches = 0  # judged fetches so far
         self._last_broken = -1  # the number of the latest fetch that broke the contract
         self._seen_by: dict[int, int] = {}  # id(optimizer) -> judged fetches at its previous step
 
-    def _state(self, dataset: Any) -> tuple[Any, list[torch.Tensor], FetchedIndices] | None:
+    def _state(self, dataset: Any) -> tuple[Any, list[torch.Tensor], FetchedIndices]:
         key = id(dataset)
         state = self._datasets.get(key)
         if state is not None and state[0]() is dataset:
@@ -128,11 +131,7 @@ class StoredSamples:
         except TypeError:  # no weak references: looked at afresh on every fetch
             ref = None
         tensors = stored_sample_tensors(dataset)
-        if not tensors:
-            if ref is not None:
-                self._datasets[key] = (ref, [], FetchedIndices(0))
-            return None
-        state = (ref, tensors, self._indices_of(len(dataset), tensors))
+        state = (ref, tensors, self._indices_of(len(dataset), tensors) if tensors else FetchedIndices(0))
         if ref is not None:
             self._datasets[key] = state
         return state
@@ -148,17 +147,16 @@ class StoredSamples:
 
     def before_fetch(self, fetcher: Any) -> tuple[list[torch.Tensor], list[int], FetchedIndices] | None:
         """The storage's versions before a fetch; None when the dataset is not judged."""
-        state = self._state(fetcher.dataset)
-        if state is None or not state[1]:
+        _ref, tensors, fetched = self._state(fetcher.dataset)
+        if not tensors:
             return None
-        _ref, tensors, fetched = state
         return tensors, [tensor._version for tensor in tensors], fetched
 
     def after_fetch(self, before: tuple[list[torch.Tensor], list[int], FetchedIndices], auto_collation: bool,
                     indices: Any) -> None:
         tensors, versions, fetched = before
-        written = any(tensor._version != version for tensor, version in zip(tensors, versions))
-        if fetched.all_seen_then_mark(indices if auto_collation else (indices,)) and written:
+        if any(tensor._version != version for tensor, version in zip(tensors, versions)) and (
+                fetched.all_seen_then_mark(indices if auto_collation else (indices,))):
             self._last_broken = self._fetches
         self._fetches += 1
 
