@@ -1,4 +1,5 @@
-"""The per-thread state of a `Tracer` and the token of a call it opened.
+"""The per-thread state of a `Tracer`, the token of a call it opened, and the closure
+an optimizer step was given.
 
 Kept apart from the tracer so that the modules of its mixins (step boundaries, forward
 hooks) can name them without importing the tracer.
@@ -7,7 +8,7 @@ hooks) can name them without importing the tracer.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -42,3 +43,13 @@ class CallToken:
         self.group: str | None = None
         self.pre_attrs: list[tuple[Any, dict[str, Any]]] | None = None
         self.post_attrs: list[tuple[Any, dict[str, Any]]] | None = None
+
+
+def closure_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Callable[..., Any] | None, bool]:
+    """The closure passed to ``step`` and whether it came by keyword (``args[0]`` is the optimizer)."""
+    closure = kwargs.get("closure")
+    if callable(closure):
+        return closure, True
+    if len(args) > 1 and callable(args[1]):
+        return args[1], False
+    return None, False

@@ -34,7 +34,7 @@ from invariants.events import (
 )
 
 from .iterations import Boundary, IterationTracker
-from .call_state import CallToken
+from .call_state import CallToken, closure_of
 from .grad_clears import HandClears, cleared_inside_optimizer_update
 from .learning_rates import all_rates_zero
 from .sampler_epochs import record_trained_passes
@@ -45,16 +45,6 @@ from .steps import OptimizerCycle
 ZERO_GRAD_APIS = frozenset({OPTIMIZER_ZERO_GRAD, MODULE_ZERO_GRAD})
 SETUP_APIS = frozenset({*INIT_FUNCTIONS, PARAM_OVERWRITE})
 REFRESH_EVERY_STEPS = 16
-
-
-def _closure_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Callable[..., Any] | None, bool]:
-    """The closure passed to ``step`` and whether it came by keyword (``args[0]`` is the optimizer)."""
-    closure = kwargs.get("closure")
-    if callable(closure):
-        return closure, True
-    if len(args) > 1 and callable(args[1]):
-        return args[1], False
-    return None, False
 
 
 class StepBoundaries:
@@ -185,7 +175,7 @@ class StepBoundaries:
                     cut_at=decision.cut_at, states=self._pending_end_states,
                     trained=self.loop.window_ended(), boundary="optimizer",
                 )
-            closure, by_keyword = _closure_of(args, kwargs)
+            closure, by_keyword = closure_of(args, kwargs)
             if closure is None:
                 self._begin_step_call(optimizer)
                 return None
