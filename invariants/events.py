@@ -278,7 +278,10 @@ DATALOADER_EPOCH = "torch.utils.data.DataLoader.__iter__"
 #: into the sample tensors its dataset stores for samples already fetched before
 #: (in-place masking or augmentation of cached data); ``fresh_autocast_weights`` — no
 #: training forward since an optimizer's previous step ran under autocast on casts it
-#: cached before an optimizer stepped inside the same autocast region (stale weights).
+#: cached before an optimizer stepped inside the same autocast region (stale weights);
+#: ``keeps_frozen_weights`` — a step does not move a parameter the optimizer trained that
+#: has been frozen since (a zero gradient kept by ``zero_grad(set_to_none=False)`` under
+#: weight decay or momentum).
 CONTRACTS: dict[str, str] = {
     "unscaled_grads": CLIP_GRAD_NORM,
     "replaces_weights": MODULE_LOAD_STATE_DICT,
@@ -291,6 +294,7 @@ CONTRACTS: dict[str, str] = {
     "averages_accumulated_losses": OPTIMIZER_STEP,
     "keeps_stored_samples": OPTIMIZER_STEP,
     "fresh_autocast_weights": OPTIMIZER_STEP,
+    "keeps_frozen_weights": OPTIMIZER_STEP,
     "resumes_schedule": SCHEDULER_STEP,
     "steps_once_per_epoch": SCHEDULER_STEP,
     "compares_like_shapes": TENSOR_BACKWARD,

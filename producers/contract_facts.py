@@ -10,8 +10,8 @@ the latest backward's gradients are still unused, the weights each optimizer lef
 its latest step, the losses of each optimizer's accumulation cycle,
 which optimizers were resumed from a checkpoint, the training epochs the program
 showed and how often each epoch schedule was stepped, whether a dataset wrote into
-the samples it stores, and whether an optimizer stepped since autocast last dropped
-its cached casts.
+the samples it stores, whether an optimizer stepped since autocast last dropped
+its cached casts, and which frozen parameters each optimizer had trained.
 They live together here so that the tracer holds one object for all of them.
 """
 
@@ -26,6 +26,7 @@ from .amp_scaling import LossScaleTracker
 from .autocast_cache import AutocastCache
 from .epoch_schedules import EpochSchedules
 from .eval_weights import EvalWeights
+from .frozen_updates import FrozenUpdates
 from .graph_cuts import GraphCuts
 from .learning_rates import LearningRates
 from .loss_averaging import AccumulatedLosses
@@ -59,6 +60,7 @@ class ContractFacts:
     epoch_schedules: EpochSchedules
     stored_samples: StoredSamples
     autocast_cache: AutocastCache
+    frozen_updates: FrozenUpdates
 
     def at_step(self, optimizer: torch.optim.Optimizer, optimizer_name: str,
                 roots: Callable[[], list[torch.nn.Module]], ownership: "ParameterOwnership") -> dict[str, bool | None]:
@@ -74,6 +76,7 @@ class ContractFacts:
             "averages_accumulated_losses": self.accumulation.averages_accumulated_losses(optimizer_name),
             "keeps_stored_samples": self.stored_samples.keeps_stored_samples(optimizer),
             "fresh_autocast_weights": self.autocast_cache.fresh_autocast_weights(optimizer),
+            "keeps_frozen_weights": self.frozen_updates.keeps_frozen_weights(optimizer),
         }
 
     @classmethod
@@ -81,4 +84,4 @@ class ContractFacts:
         return cls(OptimizerRestarts(is_trained), LossScaleTracker(), GraphCuts(), SamplerEpochs(),
                    LearningRates(), WeightRewinds(), UnfrozenParams(), ReplayedRngs(),
                    WastedGrads(), EvalWeights(), AccumulatedLosses(), ScheduleResumes(), EpochSchedules(),
-                   StoredSamples(), AutocastCache())
+                   StoredSamples(), AutocastCache(), FrozenUpdates())

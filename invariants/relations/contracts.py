@@ -48,6 +48,8 @@ DESCRIPTIONS: dict[str, str] = {
                              "stores, for samples already served before"),
     "fresh_autocast_weights": ("{api} never follows a training forward that autocast ran on low-precision casts "
                                "cached before an optimizer updated the weights in the same autocast region"),
+    "keeps_frozen_weights": ("{api} never moves a parameter it trained that has been frozen since "
+                             "(requires_grad=False)"),
     "resumes_schedule": ("{api} never starts a schedule over from epoch 0 for an optimizer resumed from a "
                          "checkpoint"),
     "steps_once_per_epoch": ("{api} of a StepLR/MultiStepLR counts epochs: stepped per iteration it never lowers "
@@ -118,6 +120,11 @@ HINTS: dict[str, str] = {
                                "forward computed with the weights as they were at the region's first forward and "
                                "training stalls; wrap only the forward and loss in torch.autocast (step the "
                                "optimizer outside it), or pass cache_enabled=False"),
+    "keeps_frozen_weights": ("a parameter this optimizer trained was frozen with requires_grad=False, but it still "
+                             "has a gradient (a zero one kept by zero_grad(set_to_none=False), or a freeze between "
+                             "backward and step), so the step moves it: weight decay shrinks it and the momentum "
+                             "left from training keeps pushing it; clear with set_to_none=True (the default), set "
+                             "the frozen parameters' grad to None, or build the optimizer over the trainable part"),
     "resumes_schedule": ("the optimizer was resumed from a checkpoint (its state was loaded) but this scheduler "
                          "starts from epoch 0: its state was not saved or not loaded (accelerate saves only prepared or "
                          "registered schedulers), so the warm-up replays and the decay is shifted by the resumed steps; "
