@@ -18,8 +18,8 @@ same process resumes from it with ``accelerator.load_state``.
 
 What goes wrong: the resumed epoch correctly skips its first 6 batches.  Every
 later epoch skips them too: the first 6 batches of each epoch's shuffled order
-are dropped, the epoch has 10 instead of 16 updates, and 6 of every 16 batches (37%)
-is never trained on again (the LR schedule still assumes 64 steps).
+are dropped, the epoch has 10 instead of 16 updates, and 6 of every 16 batches
+(37%) are never trained on again (the LR schedule still assumes 64 steps).
 
 Healthy twin: ``resume_step`` is cleared after the resumed epoch's skip (the
 fix of the PR).
