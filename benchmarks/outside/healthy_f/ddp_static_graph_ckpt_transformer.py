@@ -114,6 +114,8 @@ def main():
         if rank == 0:
             print(f"epoch {epoch} steps {step} lr {sched.get_last_lr()[0]:.2e} "
                   f"train loss {tot[0] / tot[1]:.4f} val acc {acc[0] / acc[1]:.3f}")
+    dist.barrier()
+    del model, opt, sched   # drop the DDP reducer before tearing the group down
     dist.destroy_process_group()
 
 

@@ -82,6 +82,7 @@ def main():
         print(f"rank0 steps {steps}; optimizer state for {n_state} params consolidated")
     dist.barrier()
     print(f"rank {rank} steps {steps} max param diff vs rank0 {mismatch:.1e}")
+    del ddp, opt   # drop the DDP reducer before tearing the group down
     dist.destroy_process_group()
 
 
