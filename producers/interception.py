@@ -287,6 +287,7 @@ def install(tracer: Tracer, selection: Selection, on_rank_change: Callable[[], N
     handles.extend(install_identity_hooks(tracer, record_writes=selection.wants(PARAM_OVERWRITE),
                                           record_clears=selection.wants(GRAD_CLEAR_API)))
     handles += [*install_checkpoint_hooks(tracer), patch_worker_loop(tracer), patch_worker_start(tracer)]
+    handles += tracer.install_join_shadows()
     if any(selection.wants(api) for api in LOSS_FUNCTIONS):
         handles += install_probability_marks(is_compiling)
     if selection.wants(CLIP_GRAD_NORM) or selection.wants(OPTIMIZER_STEP):

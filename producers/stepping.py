@@ -54,6 +54,10 @@ class StepBoundaries:
         self.cycle = OptimizerCycle()
         self.loop = IterationTracker()
         self._stepping: set[int] = set()  # optimizers inside their step (a closure may run there)
+        #: optimizers stepped from inside another optimizer's step (ZeroRedundancyOptimizer's
+        #: local optimizer, a Lookahead's or SAM's base): part of the outer step, whose end
+        #: comes after what the outer step does next (ZeRO broadcasts the updated shards)
+        self._inner_steps: set[int] = set()
         self._deferred_steps: set[int] = set()  # steps whose pre event waits for their closure
         self._open_steps: dict[int, CallToken] = {}
         self.left_out = LeftOutCalls()  # calls a trainer makes without a backward
@@ -161,6 +165,9 @@ class StepBoundaries:
         if not self.enabled or self._tls.busy or self.skip_compiled():
             return None
         try:
+            if self._stepping and id(optimizer) not in self._stepping:
+                self._inner_steps.add(id(optimizer))
+                return None
             if self.left_out.step_begins(optimizer):
                 return None
             index = self.registry.add_optimizer(optimizer)
@@ -228,6 +235,9 @@ class StepBoundaries:
         if not self.enabled or self._tls.busy or torch.compiler.is_compiling():
             return
         try:
+            if id(optimizer) in self._inner_steps:
+                self._inner_steps.discard(id(optimizer))
+                return
             if self.left_out.step_ended(optimizer):
                 return
             self._stepping.discard(id(optimizer))

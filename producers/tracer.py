@@ -47,6 +47,7 @@ from .ownership import ParameterOwnership, deliberate_reset
 from .selection import Selection
 from .stages import StageSwitching
 from .forward_hooks import ForwardHooks
+from .join_shadows import JoinShadows
 from .stepping import StepBoundaries
 from .summaries import summarize
 from .workers import WorkerReports
@@ -59,7 +60,7 @@ def is_compiling() -> bool:
     return torch.compiler.is_compiling()
 
 
-class Tracer(StepBoundaries, ForwardHooks, StageSwitching, WorkerReports):
+class Tracer(StepBoundaries, ForwardHooks, StageSwitching, WorkerReports, JoinShadows):
     """Event production for one process (one rank, or one DataLoader worker)."""
 
     def __init__(
@@ -259,7 +260,8 @@ class Tracer(StepBoundaries, ForwardHooks, StageSwitching, WorkerReports):
                 self.note_clears(api, extra)
             self._record(event)
             stack.append(token.cid)
-            if optimizer is not None and api in SNAPSHOT_APIS and self._snapshots and self.sampled:
+            if optimizer is not None and api in SNAPSHOT_APIS and self._snapshots and self.sampled \
+                    and not self.leftover_grads_unshared(api):
                 token.snapshot_of = optimizer
                 if self.selection.wants_point(f"pre:{api}"):
                     token.pre_attrs = self._snapshot(
