@@ -61,6 +61,7 @@ PROBES: tuple[Probe, ...] = (
         "hf_custom_head", "finetune_phases", "amp_accum_clip", "sampler_train_eval")),
     Probe("tp", HERE / "tp.py", ranks=2),
     Probe("accel_ddp", HERE / "accel_ddp.py", ranks=2),
+    Probe("zero_ddp", HERE / "zero_ddp.py", ranks=2),
     Probe("fsdp2", REPO / "examples" / "fsdp2_gloo.py", ranks=2, args=("--steps", "6")),
     Probe("ddp_rank0_eval", REPO / "tests" / "data" / "programs" / "ddp_rank0_eval.py", ranks=2,
           args=("9", "{scratch}")),
