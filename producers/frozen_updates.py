@@ -68,14 +68,14 @@ class _Held:
     """What an optimizer held at its previous step."""
 
     layout: tuple[tuple[int, int], ...]
-    frozen: dict[int, "weakref.ref[torch.Tensor]"]  # frozen then
+    frozen: set[int]  # ids of the parameters frozen then
     frozen_after_training: set[int]  # of those, the ones it had stepped while trainable
 
 
 def _layout(optimizer: torch.optim.Optimizer) -> tuple[tuple[int, int], ...]:
     """Which parameter lists the optimizer holds, and how long they are: unchanged, it
     holds the same parameters as before (lists are edited in place only by
-    ``add_param_group``, which adds a group)."""
+    ``add_param_group``, which adds a group), so ids name the same tensors."""
     return tuple((id(group["params"]), len(group["params"])) for group in optimizer.param_groups)
 
 
@@ -88,35 +88,36 @@ class FrozenUpdates:
 
     def keeps_frozen_weights(self, optimizer: torch.optim.Optimizer) -> bool | None:
         """Judged at each step but an optimizer's first: False when the step is about to
-        move a parameter it trained that has been frozen since; None where a momentum
-        that would decide it lives on an accelerator."""
-        frozen = {id(param): weakref.ref(param) for group in optimizer.param_groups
-                  for param in group["params"] if not param.requires_grad}
+        move a parameter it trained that has been frozen since; None where a value that
+        would decide it lives on an accelerator."""
+        groups = optimizer.param_groups
+        frozen = {id(param) for group in groups for param in group["params"] if not param.requires_grad}
         layout = _layout(optimizer)
         before = self._held.get(optimizer)
         if before is None:
             self._held[optimizer] = _Held(layout, frozen, set())
             return None
-        after_training = {key for key in before.frozen_after_training if key in frozen}
-        if layout == before.layout:
-            after_training.update(key for key in frozen if key not in before.frozen)
-        self._held[optimizer] = _Held(layout, frozen, after_training)
-        return self._keeps(optimizer, {key: frozen[key] for key in after_training}) if after_training else True
+        if layout == before.layout and frozen == before.frozen:
+            after_training = before.frozen_after_training
+        else:
+            after_training = before.frozen_after_training & frozen
+            if layout == before.layout:
+                after_training |= frozen - before.frozen
+            self._held[optimizer] = _Held(layout, frozen, after_training)
+        if not after_training:
+            return True
+        return self._keeps(optimizer, [(param, group) for group in groups for param in group["params"]
+                                       if id(param) in after_training])
 
     @staticmethod
-    def _keeps(optimizer: torch.optim.Optimizer, watched: dict[int, "weakref.ref[torch.Tensor]"]) -> bool | None:
+    def _keeps(optimizer: torch.optim.Optimizer, watched: list[tuple[torch.Tensor, dict[str, Any]]]) -> bool | None:
         verdict: bool | None = True
-        for group in optimizer.param_groups:
-            if not _learns(group):
+        for param, group in watched:
+            if param.grad is None or not _learns(group):
                 continue
-            decays = _decays(group)
-            for param in group["params"]:
-                ref = watched.get(id(param))
-                if ref is None or ref() is not param or param.grad is None:
-                    continue
-                moved = True if decays else _pushes(param, optimizer.state.get(param))
-                if moved:
-                    return False
-                if moved is None:
-                    verdict = None
+            moved = True if _decays(group) else _pushes(param, optimizer.state.get(param))
+            if moved:
+                return False
+            if moved is None:
+                verdict = None
         return verdict
