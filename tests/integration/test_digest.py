@@ -91,6 +91,18 @@ def test_tensors_without_data_get_none_and_a_reason():
     assert tensor_digest(sparse) is None and digest.skip_reason(sparse) == "layout"
 
 
+def test_a_tensor_whose_storage_was_freed_is_skipped_not_read():
+    """FSDP2 frees an unsharded parameter between uses by resizing its storage to zero
+    bytes; the tensor keeps its shape, and reading it would fault the process."""
+    from producers.param_snapshots import tensor_norms
+
+    freed = torch.randn(64)
+    freed.untyped_storage().resize_(0)
+    assert digest.skip_reason(freed) == "freed"
+    assert tensor_digests([freed, torch.ones(3)])[0] is None
+    assert tensor_norms([freed, torch.ones(4)]) == [None, 2.0]
+
+
 def test_algorithms_are_prefixed_so_they_never_compare_equal():
     t = torch.randn(10)
     cpu, dev = tensor_digest(t), tensor_digest(t, on_device=True)
