@@ -9,7 +9,10 @@ optimizer's first step after an evaluation (the stage switched to ``eval`` since
 previous step), the weights it holds must be those it left at that step — provided
 they also were at its latest step without an evaluation in between: a loop that
 changes weights between steps anyway (WGAN weight clipping, max-norm projection,
-hand-written weight decay) shows it there, and is not judged.
+hand-written weight decay) shows it there, and is not judged; so does one that changes
+them every few steps (a Lookahead wrapper writes its slow weights back every k steps,
+and the evaluation may always follow such a step), seen in a spread sample of the
+parameters compared in every interval without an evaluation.
 
 The weights are compared by the data digests of the step snapshots: the post-step
 snapshot of the previous step, against the pre-step snapshot of the next (between two
@@ -44,6 +47,25 @@ def _unchanged(before: Digests, now: Digests) -> bool:
     return all(now[key] == digest for key, digest in before.items() if key in now)
 
 
+#: parameters compared in every interval without an evaluation (evenly spread)
+SAMPLED_PARAMETERS = 16
+
+
+def _sample_unchanged(before: Snapshot, now: Snapshot) -> bool:
+    """Whether a spread sample of the parameters kept their data digests from one
+    snapshot to the next (the same optimizer's, so listed in the same order)."""
+    if len(before) != len(now):
+        return _unchanged(_digests_of(before), _digests_of(now))
+    for index in range(0, len(before), max(1, len(before) // SAMPLED_PARAMETERS)):
+        (entry, attrs), (other, other_attrs) = before[index], now[index]
+        if entry.param is not other.param:
+            return _unchanged(_digests_of(before), _digests_of(now))
+        digest, other_digest = attrs.get("data_digest"), other_attrs.get("data_digest")
+        if isinstance(digest, str) and isinstance(other_digest, str) and digest != other_digest:
+            return False
+    return True
+
+
 @dataclass
 class _Steps:
     post: Snapshot | None = None  # after the latest step
@@ -51,6 +73,9 @@ class _Steps:
     #: the latest two neighbouring snapshots without an evaluation between them (the
     #: post-step one of a step, the pre-step one of the next): compared only when judging
     calm: tuple[Snapshot, Snapshot] | None = None
+    #: some earlier interval without an evaluation changed a sample of the weights (a
+    #: Lookahead's sync every k steps, a periodic projection): not judged from then on
+    restless: bool = False
 
 
 class EvalWeights:
@@ -75,7 +100,7 @@ class EvalWeights:
         """Judged before a step's ``pre`` event; ``digest_now`` digests the parameters
         the optimizer alone holds (called only at its first step after an evaluation)."""
         steps = self._steps.get(optimizer)
-        if steps is None or steps.post is None or steps.evaluations_at_post == self.evaluations:
+        if steps is None or steps.post is None or steps.evaluations_at_post == self.evaluations or steps.restless:
             return None
         if steps.calm is None or not _unchanged(_digests_of(steps.calm[0]), _digests_of(steps.calm[1])):
             return None  # weights change between steps anyway, or no calm interval was seen
@@ -86,4 +111,6 @@ class EvalWeights:
         steps = self._steps.setdefault(optimizer, _Steps())
         if steps.post is not None and pre is not None and steps.evaluations_at_post == self.evaluations:
             steps.calm = (steps.post, pre)
+            if not steps.restless and not _sample_unchanged(steps.post, pre):
+                steps.restless = True
         steps.post, steps.evaluations_at_post = post, self.evaluations

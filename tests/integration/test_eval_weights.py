@@ -93,3 +93,18 @@ def test_weights_changed_between_every_step_or_restored_with_the_optimizer_state
         optimizer.load_state_dict(checkpoint["optimizer"])
 
     assert set(_train_evaluate_train(tmp_path / "resume", resume)) == {None}
+
+
+def test_weights_changed_every_few_steps_are_not_judged_even_when_the_latest_interval_was_calm(tmp_path):
+    steps = [0]
+
+    def lookahead_sync(model):
+        steps[0] += 1
+        if steps[0] % 2 == 0:  # a Lookahead wrapper writes its slow weights back every k=2 steps
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.mul_(0.5)
+
+    # the evaluation follows the 4th step, a sync; the interval before it (3 -> 4) was calm
+    verdicts = _train_evaluate_train(tmp_path, lambda model, *_: _evaluate(model), after_step=lookahead_sync)
+    assert set(verdicts) == {None}
