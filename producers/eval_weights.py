@@ -76,6 +76,9 @@ class _Steps:
     #: some earlier interval without an evaluation changed a sample of the weights (a
     #: Lookahead's sync every k steps, a periodic projection): not judged from then on
     restless: bool = False
+    #: the calm interval not sampled yet: compared at the next step or judgement, once
+    #: digests computed on an accelerator have been read back
+    unsampled: tuple[Snapshot, Snapshot] | None = None
 
 
 class EvalWeights:
@@ -90,6 +93,10 @@ class EvalWeights:
     def evaluated(self) -> None:
         self.evaluations += 1
 
+    def forget_steps(self) -> None:
+        """Every optimizer's weights changed in ways no step saw (a rank shadowing ``Join``)."""
+        self._steps.clear()
+
     def state_loaded(self, optimizer: torch.optim.Optimizer) -> None:
         steps = self._steps.get(optimizer)
         if steps is not None:
@@ -100,6 +107,8 @@ class EvalWeights:
         """Judged before a step's ``pre`` event; ``digest_now`` digests the parameters
         the optimizer alone holds (called only at its first step after an evaluation)."""
         steps = self._steps.get(optimizer)
+        if steps is not None:
+            self._sample(steps)
         if steps is None or steps.post is None or steps.evaluations_at_post == self.evaluations or steps.restless:
             return None
         if steps.calm is None or not _unchanged(_digests_of(steps.calm[0]), _digests_of(steps.calm[1])):
@@ -111,6 +120,12 @@ class EvalWeights:
         steps = self._steps.setdefault(optimizer, _Steps())
         if steps.post is not None and pre is not None and steps.evaluations_at_post == self.evaluations:
             steps.calm = (steps.post, pre)
-            if not steps.restless and not _sample_unchanged(steps.post, pre):
-                steps.restless = True
+            self._sample(steps)
+            steps.unsampled = steps.calm
         steps.post, steps.evaluations_at_post = post, self.evaluations
+
+    @staticmethod
+    def _sample(steps: _Steps) -> None:
+        if steps.unsampled is not None and not steps.restless:
+            steps.restless = not _sample_unchanged(*steps.unsampled)
+        steps.unsampled = None

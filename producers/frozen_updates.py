@@ -11,7 +11,7 @@ after the backward and before the step moves it the same way.
 
 So at each step every parameter the optimizer holds is classed: trainable, or frozen.
 A parameter that this optimizer stepped while it was trainable and that is frozen now
-breaks the contract when it still has a gradient and, at a positive learning rate, its
+breaks the contract when it still has a gradient and, at a non-zero learning rate, its
 group decays weights, or that gradient or the momentum its optimizer state carries is
 not all zero.  Reading those values waits for nothing on the CPU; on an accelerator it
 would block the step, so there only weight decay is judged (the rest is reported as not
@@ -49,8 +49,8 @@ def _any_nonzero(tensors: list[Any]) -> bool | None:
     for tensor in tensors:
         if not isinstance(tensor, torch.Tensor) or not tensor.numel():
             continue
-        if not tensor.is_cpu:
-            unknown = True
+        if not tensor.is_cpu or type(tensor) not in (torch.Tensor, torch.nn.Parameter):
+            unknown = True  # a DTensor's any() would be a collective
         elif bool(tensor.any()):
             return True
     return None if unknown else False

@@ -37,29 +37,30 @@ except ImportError:  # a torch built without distributed support
 class JoinShadows:
     """Mixin of `Tracer`: the windows of shadowed iterations, and the patches that see them."""
 
-    #: this rank shadowed iterations since its last clear of gradients
-    _shadowed = False
+    #: the window after this rank's latest shadowed iteration (-1: it never shadowed)
+    _after_shadows = -1
 
     def leftover_grads_unshared(self, api: str) -> bool:
-        """At the first ``zero_grad`` after shadowing: the gradients it finds are those of
-        the rank's own last iteration, not those its peers kept training with, so they are
-        not snapshotted (the gradients of every later step are shared again)."""
-        if api != OPTIMIZER_ZERO_GRAD or not self._shadowed:
-            return False
-        self._shadowed = False
-        return True
+        """A ``zero_grad`` in the window after shadowing finds the gradients of the rank's
+        own last iteration, not those its peers kept training with: they are not
+        snapshotted (every optimizer's first clear there; later steps share them again)."""
+        return api == OPTIMIZER_ZERO_GRAD and self.recorder.step == self._after_shadows
 
     def shadow_iteration(self) -> None:
         """The main hooks run once more: end a window without parameter states."""
         if not self.enabled:
             return
-        self._shadowed = True
         try:
             self._end_step(states=[])
+            self._after_shadows = self.recorder.step
+            # the weights the rank holds after Join are not those its last step left
+            # (ZeRO's shadow steps, DDP's final broadcast): no evaluation is judged on them
+            self.contracts.eval_weights.forget_steps()
         except Exception as exc:
             self.internal_error("Join shadow iteration", exc)
 
     def _unrecorded(self, call: Callable[..., Any], *args: Any) -> Any:
+        """Run ``call`` as the tracer's own work: the torch calls it makes are not the user's."""
         tls = self._tls
         was_busy, tls.busy = tls.busy, True
         try:
@@ -68,6 +69,7 @@ class JoinShadows:
             tls.busy = was_busy
 
     def install_join_shadows(self) -> list[PatchHandle]:
+        """Patch ``Join.__exit__`` (shadowed iterations) and ``Join.notify_join_context``."""
         if Join is None:
             return []
         tracer = self

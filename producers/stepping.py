@@ -58,6 +58,7 @@ class StepBoundaries:
         #: local optimizer, a Lookahead's or SAM's base): part of the outer step, whose end
         #: comes after what the outer step does next (ZeRO broadcasts the updated shards)
         self._inner_steps: set[int] = set()
+        self._in_closures = 0  # step closures running: steps made there are the user's own
         self._deferred_steps: set[int] = set()  # steps whose pre event waits for their closure
         self._open_steps: dict[int, CallToken] = {}
         self.left_out = LeftOutCalls()  # calls a trainer makes without a backward
@@ -165,7 +166,7 @@ class StepBoundaries:
         if not self.enabled or self._tls.busy or self.skip_compiled():
             return None
         try:
-            if self._stepping and id(optimizer) not in self._stepping:
+            if self._stepping and id(optimizer) not in self._stepping and not self._in_closures:
                 self._inner_steps.add(id(optimizer))
                 return None
             if self.left_out.step_begins(optimizer):
@@ -197,12 +198,17 @@ class StepBoundaries:
 
     def _closure_then_step(self, closure: Callable[..., Any], optimizer: torch.optim.Optimizer) -> Callable[..., Any]:
         def closure_then_step(*args: Any, **kwargs: Any) -> Any:
+            self._in_closures += 1
             try:
                 return closure(*args, **kwargs)
             finally:
+                self._in_closures -= 1
                 if id(optimizer) in self._deferred_steps:
                     self._deferred_steps.discard(id(optimizer))
-                    self._begin_step_call(optimizer)
+                    try:
+                        self._begin_step_call(optimizer)
+                    except Exception as exc:
+                        self.internal_error("optimizer step after its closure", exc)
 
         return closure_then_step
 
@@ -226,7 +232,7 @@ class StepBoundaries:
             extra={"obj": name, "trained": trained, "cleared": cleared,
                    "backprop": self._backward_ran},
             optimizer=None if all_rates_zero(optimizer) else optimizer,
-            contract=self.contracts.at_step(optimizer, name, self.registry.roots, self.ownership),
+            contract=self._unrecorded(self.contracts.at_step, optimizer, name, self.registry.roots, self.ownership),
         )
         if token is not None:
             self._open_steps[id(optimizer)] = token
@@ -241,6 +247,8 @@ class StepBoundaries:
             if self.left_out.step_ended(optimizer):
                 return
             self._stepping.discard(id(optimizer))
+            if not self._stepping:  # an inner step that raised never reached its end
+                self._inner_steps.clear()
             if id(optimizer) in self._deferred_steps:  # the step never called its closure
                 self._deferred_steps.discard(id(optimizer))
                 self._begin_step_call(optimizer)

@@ -6,11 +6,13 @@ state as well keep the contract or are not judged."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
 import producers
 from invariants.events import OPTIMIZER_STEP
+from producers import readback
 from tests.support.producer_traces import trace_batches, trace_events
 
 
@@ -95,7 +97,11 @@ def test_weights_changed_between_every_step_or_restored_with_the_optimizer_state
     assert set(_train_evaluate_train(tmp_path / "resume", resume)) == {None}
 
 
-def test_weights_changed_every_few_steps_are_not_judged_even_when_the_latest_interval_was_calm(tmp_path):
+@pytest.mark.parametrize("deferred", [False, True], ids=["immediate", "read-back-later"])
+def test_weights_changed_every_few_steps_are_not_judged_even_when_the_latest_interval_was_calm(
+        tmp_path, monkeypatch, deferred):
+    """Also where digests are read back at a later step boundary (accelerators)."""
+    monkeypatch.setattr(readback, "FORCE_DEFERRED", deferred)
     steps = [0]
 
     def lookahead_sync(model):

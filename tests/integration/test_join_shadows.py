@@ -110,3 +110,26 @@ def test_an_optimizer_stepped_inside_another_ones_step_is_part_of_it(tmp_path):
     steps = [event for _, event in trace_events(trace_batches(tmp_path))
              if event["kind"] == "call" and event["phase"] == "pre" and event["api"] == OPTIMIZER_STEP]
     assert [step["name"].rsplit(".", 2)[-2] for step in steps] == ["_Lookahead"] * 4
+
+
+def test_a_step_of_another_optimizer_made_inside_a_closure_is_the_users_own(tmp_path):
+    torch.manual_seed(0)
+    generator, critic = nn.Linear(4, 4), nn.Linear(4, 1)
+    generator_optimizer = torch.optim.SGD(generator.parameters(), lr=0.1)
+    critic_optimizer = torch.optim.SGD(critic.parameters(), lr=0.1)
+
+    def closure():
+        critic_optimizer.zero_grad()
+        critic(generator(torch.randn(8, 4)).detach()).mean().backward()
+        critic_optimizer.step()  # the critic steps inside the generator's closure
+        generator_optimizer.zero_grad()
+        loss = -critic(generator(torch.randn(8, 4))).mean()
+        loss.backward()
+        return loss
+
+    with producers.instrument(run_id="r-closure", trace_dir=tmp_path, quiet=True):
+        for _ in range(3):
+            generator_optimizer.step(closure)
+    steps = [event for _, event in trace_events(trace_batches(tmp_path))
+             if event["kind"] == "call" and event["phase"] == "pre" and event["api"] == OPTIMIZER_STEP]
+    assert sorted(step["obj"] for step in steps) == ["opt0"] * 3 + ["opt1"] * 3

@@ -6,7 +6,9 @@
 out first takes its shard's step in every iteration it shadows and the replicas stay
 identical.  ``adamw``: only DDP joins; the early rank's AdamW skips the shadowed
 updates, so after Join's post hook broadcasts the final model, its moments differ from
-its peer's and the replicas drift apart from the next epoch on.  Prints the largest
+its peer's and the replicas drift apart from the next epoch on.  Each epoch ends with an
+evaluation (the weights a rank holds after Join are not those its last step left, in
+either mode).  Prints the largest
 parameter difference from rank 0 after the first step of each epoch but the first.
 """
 
@@ -56,6 +58,10 @@ def main() -> None:
                 optimizer.step()
                 if epoch and not index:  # every rank is still training here
                     largest = max(largest, difference_from_rank0(model))
+        model.eval()  # an evaluation after each joined epoch, as training scripts do
+        with torch.no_grad():
+            model(batches[0][0])
+        model.train()
     print(f"rank {rank} largest difference from rank 0: {largest:.1e}")
     dist.barrier()
     del ddp, optimizer, joinables
