@@ -80,11 +80,8 @@ class ForwardHooks:
                 if keeps is not None:
                     ctx["contract"] = {"frozen_norm_keeps_stats": keeps}
             if self._first_forwards.is_first(module):
-                tls.busy = True  # its torch work (spectral-norm check) is ours, not the user's
-                try:
+                with tls.own_work():  # its torch work (spectral-norm check) is ours, not the user's
                     ctx.update(first_forward_context(module))
-                finally:
-                    tls.busy = False
             self._record(
                 {
                     "kind": "call",

@@ -59,15 +59,6 @@ class JoinShadows:
         except Exception as exc:
             self.internal_error("Join shadow iteration", exc)
 
-    def _unrecorded(self, call: Callable[..., Any], *args: Any) -> Any:
-        """Run ``call`` as the tracer's own work: the torch calls it makes are not the user's."""
-        tls = self._tls
-        was_busy, tls.busy = tls.busy, True
-        try:
-            return call(*args)
-        finally:
-            tls.busy = was_busy
-
     def install_join_shadows(self) -> list[PatchHandle]:
         """Patch ``Join.__exit__`` (shadowed iterations) and ``Join.notify_join_context``."""
         if Join is None:
@@ -78,12 +69,7 @@ class JoinShadows:
             """Runs first among the main hooks: once per shadowed iteration."""
 
             def main_hook(self) -> None:
-                tls = tracer._tls
-                tls.busy = False
-                try:
-                    tracer.shadow_iteration()
-                finally:
-                    tls.busy = True
+                tracer.shadow_iteration()
 
         def exit_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
             def join_exit(join: Any, *args: Any) -> Any:
@@ -92,7 +78,8 @@ class JoinShadows:
                     return original(join, *args)
                 join._join_hooks = [ShadowIterations(), *hooks]
                 try:
-                    return tracer._unrecorded(original, join, *args)
+                    with tracer._tls.own_work():
+                        return original(join, *args)
                 finally:
                     join._join_hooks = hooks
 
@@ -100,7 +87,8 @@ class JoinShadows:
 
         def notify_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
             def notify_join_context(joinable: Any) -> Any:
-                return tracer._unrecorded(original, joinable)
+                with tracer._tls.own_work():
+                    return original(joinable)
 
             return notify_join_context
 

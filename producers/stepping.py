@@ -34,7 +34,7 @@ from invariants.events import (
 )
 
 from .iterations import Boundary, IterationTracker
-from .call_state import CallToken, closure_of
+from .call_state import CallToken, InnerSteps, closure_of
 from .grad_clears import HandClears, cleared_inside_optimizer_update
 from .learning_rates import all_rates_zero
 from .sampler_epochs import record_trained_passes
@@ -54,11 +54,7 @@ class StepBoundaries:
         self.cycle = OptimizerCycle()
         self.loop = IterationTracker()
         self._stepping: set[int] = set()  # optimizers inside their step (a closure may run there)
-        #: optimizers stepped from inside another optimizer's step (ZeroRedundancyOptimizer's
-        #: local optimizer, a Lookahead's or SAM's base): part of the outer step, whose end
-        #: comes after what the outer step does next (ZeRO broadcasts the updated shards)
-        self._inner_steps: set[int] = set()
-        self._in_closures = 0  # step closures running: steps made there are the user's own
+        self._inner_steps = InnerSteps()
         self._deferred_steps: set[int] = set()  # steps whose pre event waits for their closure
         self._open_steps: dict[int, CallToken] = {}
         self.left_out = LeftOutCalls()  # calls a trainer makes without a backward
@@ -166,8 +162,7 @@ class StepBoundaries:
         if not self.enabled or self._tls.busy or self.skip_compiled():
             return None
         try:
-            if self._stepping and id(optimizer) not in self._stepping and not self._in_closures:
-                self._inner_steps.add(id(optimizer))
+            if self._inner_steps.begins(optimizer, self._stepping):
                 return None
             if self.left_out.step_begins(optimizer):
                 return None
@@ -198,11 +193,11 @@ class StepBoundaries:
 
     def _closure_then_step(self, closure: Callable[..., Any], optimizer: torch.optim.Optimizer) -> Callable[..., Any]:
         def closure_then_step(*args: Any, **kwargs: Any) -> Any:
-            self._in_closures += 1
+            self._inner_steps.in_closures += 1
             try:
                 return closure(*args, **kwargs)
             finally:
-                self._in_closures -= 1
+                self._inner_steps.in_closures -= 1
                 if id(optimizer) in self._deferred_steps:
                     self._deferred_steps.discard(id(optimizer))
                     try:
@@ -227,12 +222,14 @@ class StepBoundaries:
         name = optimizer_id(index)
         cleared = name in self._cleared_since_step
         self._cleared_since_step.discard(name)
+        with self._tls.own_work():  # the contracts' tensor reads are not the user's calls
+            contract = self.contracts.at_step(optimizer, name, self.registry.roots, self.ownership)
         token = self.begin_call(
             OPTIMIZER_STEP, f"{cls.__module__}.{cls.__qualname__}.step", {"self": optimizer},
             extra={"obj": name, "trained": trained, "cleared": cleared,
                    "backprop": self._backward_ran},
             optimizer=None if all_rates_zero(optimizer) else optimizer,
-            contract=self._unrecorded(self.contracts.at_step, optimizer, name, self.registry.roots, self.ownership),
+            contract=contract,
         )
         if token is not None:
             self._open_steps[id(optimizer)] = token
@@ -241,14 +238,13 @@ class StepBoundaries:
         if not self.enabled or self._tls.busy or torch.compiler.is_compiling():
             return
         try:
-            if id(optimizer) in self._inner_steps:
-                self._inner_steps.discard(id(optimizer))
+            if self._inner_steps.ends(optimizer):
                 return
             if self.left_out.step_ended(optimizer):
                 return
             self._stepping.discard(id(optimizer))
-            if not self._stepping:  # an inner step that raised never reached its end
-                self._inner_steps.clear()
+            if not self._stepping:
+                self._inner_steps.outer_ended()
             if id(optimizer) in self._deferred_steps:  # the step never called its closure
                 self._deferred_steps.discard(id(optimizer))
                 self._begin_step_call(optimizer)
@@ -329,13 +325,10 @@ class StepBoundaries:
             self._refresh_names()
 
     def _refresh_names(self) -> None:
-        self._tls.busy = True
-        try:
+        with self._tls.own_work():
             self.registry.refresh()
             for entry in self.registry.all_entries():
                 self.ownership.remember(entry.param)
-        finally:
-            self._tls.busy = False
 
     def finish(self, meta: dict[str, Any]) -> None:
         """Close the open window at session end: a pending first-iteration cut, then the tail."""

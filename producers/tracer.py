@@ -306,14 +306,13 @@ class Tracer(StepBoundaries, ForwardHooks, StageSwitching, WorkerReports, JoinSh
 
     # -- snapshots ------------------------------------------------------------------
     def _take(self, entries: list[Any], data: bool = True) -> list[tuple[Any, dict[str, Any]]]:
-        self._tls.busy = True
         started = time.perf_counter_ns()
         try:
-            taken = snapshot_attrs(entries, data=data, memo=self._memo, defer=self.recorder.await_readback)
-            mark_locally_stepped(taken, self.registry.roots())
+            with self._tls.own_work():
+                taken = snapshot_attrs(entries, data=data, memo=self._memo, defer=self.recorder.await_readback)
+                mark_locally_stepped(taken, self.registry.roots())
             return taken
         finally:
-            self._tls.busy = False
             self.sampler.snapshot_taken(time.perf_counter_ns() - started)
 
     def _state_events(self, taken: list[tuple[Any, dict[str, Any]]], at: str, cid: int | None) -> list[dict[str, Any]]:
