@@ -281,7 +281,9 @@ DATALOADER_EPOCH = "torch.utils.data.DataLoader.__iter__"
 #: cached before an optimizer stepped inside the same autocast region (stale weights);
 #: ``keeps_frozen_weights`` — a step does not move a parameter the optimizer trained that
 #: has been frozen since (a zero gradient kept by ``zero_grad(set_to_none=False)`` under
-#: weight decay or momentum).
+#: weight decay or momentum); ``carries_no_epoch_tail`` — a step whose accumulation cycle
+#: began in an earlier training pass holds no more backwards than the optimizer's longest
+#: cycle within one pass (an epoch's leftover micro-batches leaking into the next epoch).
 CONTRACTS: dict[str, str] = {
     "unscaled_grads": CLIP_GRAD_NORM,
     "replaces_weights": MODULE_LOAD_STATE_DICT,
@@ -295,6 +297,7 @@ CONTRACTS: dict[str, str] = {
     "keeps_stored_samples": OPTIMIZER_STEP,
     "fresh_autocast_weights": OPTIMIZER_STEP,
     "keeps_frozen_weights": OPTIMIZER_STEP,
+    "carries_no_epoch_tail": OPTIMIZER_STEP,
     "resumes_schedule": SCHEDULER_STEP,
     "steps_once_per_epoch": SCHEDULER_STEP,
     "compares_like_shapes": TENSOR_BACKWARD,

@@ -11,7 +11,8 @@ its latest step, the losses of each optimizer's accumulation cycle,
 which optimizers were resumed from a checkpoint, the training epochs the program
 showed and how often each epoch schedule was stepped, whether a dataset wrote into
 the samples it stores, whether an optimizer stepped since autocast last dropped
-its cached casts, and which frozen parameters each optimizer had trained.
+its cached casts, which frozen parameters each optimizer had trained, and each optimizer's longest
+accumulation cycle within one training pass.
 They live together here so that the tracer holds one object for all of them.
 """
 
@@ -25,6 +26,7 @@ import torch
 from .amp_scaling import LossScaleTracker
 from .autocast_cache import AutocastCache
 from .epoch_schedules import EpochSchedules
+from .epoch_tails import EpochTails
 from .eval_weights import EvalWeights
 from .frozen_updates import FrozenUpdates
 from .graph_cuts import GraphCuts
@@ -61,10 +63,12 @@ class ContractFacts:
     stored_samples: StoredSamples
     autocast_cache: AutocastCache
     frozen_updates: FrozenUpdates
+    epoch_tails: EpochTails
 
     def at_step(self, optimizer: torch.optim.Optimizer, optimizer_name: str,
                 roots: Callable[[], list[torch.nn.Module]], ownership: "ParameterOwnership") -> dict[str, bool | None]:
         """The contracts judged at an optimizer step, before its ``pre`` event."""
+        cycle = self.accumulation.take_cycle(optimizer_name)
         return {
             "keeps_optimizer_state": self.restarts.keeps_state(optimizer),
             "grads_reach_what_ran": self.graph_cuts.reaches_what_ran(optimizer, roots),
@@ -73,7 +77,8 @@ class ContractFacts:
             "optimizes_unfrozen": self.unfrozen.optimizes_unfrozen(roots(), ownership.live_optimizers),
             "keeps_weights_after_eval": self.eval_weights.keeps_weights_after_eval(
                 optimizer, lambda: ownership.digests_held_alone(optimizer)),
-            "averages_accumulated_losses": self.accumulation.averages_accumulated_losses(optimizer_name),
+            "averages_accumulated_losses": self.accumulation.averages_accumulated_losses(optimizer_name, cycle),
+            "carries_no_epoch_tail": self.epoch_tails.carries_no_epoch_tail(optimizer_name, cycle),
             "keeps_stored_samples": self.stored_samples.keeps_stored_samples(optimizer),
             "fresh_autocast_weights": self.autocast_cache.fresh_autocast_weights(optimizer),
             "keeps_frozen_weights": self.frozen_updates.keeps_frozen_weights(optimizer),
@@ -84,4 +89,4 @@ class ContractFacts:
         return cls(OptimizerRestarts(is_trained), LossScaleTracker(), GraphCuts(), SamplerEpochs(),
                    LearningRates(), WeightRewinds(), UnfrozenParams(), ReplayedRngs(),
                    WastedGrads(), EvalWeights(), AccumulatedLosses(), ScheduleResumes(), EpochSchedules(),
-                   StoredSamples(), AutocastCache(), FrozenUpdates())
+                   StoredSamples(), AutocastCache(), FrozenUpdates(), EpochTails())

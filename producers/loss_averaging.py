@@ -57,6 +57,7 @@ class LossFacts:
 
     serial: int  # the backward's number in this process
     batch: int  # DataLoader batches yielded before it
+    training_pass: int  # training DataLoader passes begun before it
     rescaled: bool
     last_operation: str
     value: torch.Tensor | None  # the loss, detached (read only for a cycle about to be reported)
@@ -79,6 +80,7 @@ class AccumulatedLosses:
     def __init__(self) -> None:
         self._serial = 0
         self._batches = 0
+        self._training_passes = 0
         self._losses: deque[LossFacts] = deque(maxlen=HISTORY)
         self._cycle_start: dict[str, int] = {}  # optimizer name -> last serial before its cycle
         self._single_losses: dict[str, set[str]] = {}  # last operations of one-loss cycles
@@ -87,6 +89,9 @@ class AccumulatedLosses:
 
     def batch_yielded(self) -> None:
         self._batches += 1
+
+    def training_pass_begun(self) -> None:
+        self._training_passes += 1
 
     def loss_scaled(self, output: Any) -> None:
         """``GradScaler.scale`` returned ``output``: its multiplication is not a rescaling."""
@@ -105,9 +110,10 @@ class AccumulatedLosses:
         if scaler_output is loss and node.next_functions and node.next_functions[0][0] is not None:
             node = node.next_functions[0][0]
         if loss.numel() != 1:  # a backward from an output with a given gradient: no loss to judge
-            self._losses.append(LossFacts(self._serial, self._batches, True, type(node).__name__, None))
+            self._losses.append(LossFacts(self._serial, self._batches, self._training_passes, True,
+                                          type(node).__name__, None))
             return
-        self._losses.append(LossFacts(self._serial, self._batches, _rescaled(node), type(node).__name__,
+        self._losses.append(LossFacts(self._serial, self._batches, self._training_passes, _rescaled(node), type(node).__name__,
                                       loss.detach()))
 
     def cleared(self, optimizer_names: Any) -> None:
@@ -116,12 +122,16 @@ class AccumulatedLosses:
             if isinstance(name, str):
                 self._cycle_start[name] = self._serial
 
-    def averages_accumulated_losses(self, optimizer_name: str) -> bool | None:
-        """Judged at the step of the optimizer named ``optimizer_name`` (``opt<i>``)."""
+    def take_cycle(self, optimizer_name: str) -> list[LossFacts]:
+        """At the step of the optimizer named ``optimizer_name`` (``opt<i>``): the backwards
+        since its previous step or clear; its next cycle starts now."""
         start = self._cycle_start.get(optimizer_name, 0)
         self._cycle_start[optimizer_name] = self._serial
         # serials grow along the deque: read back from its end, not the whole history at every step
-        cycle = list(itertools.takewhile(lambda loss: loss.serial > start, reversed(self._losses)))[::-1]
+        return list(itertools.takewhile(lambda loss: loss.serial > start, reversed(self._losses)))[::-1]
+
+    def averages_accumulated_losses(self, optimizer_name: str, cycle: list[LossFacts]) -> bool | None:
+        """Judged at the step of the optimizer named ``optimizer_name`` over its cycle."""
         if len(cycle) < 2 or any(loss.rescaled for loss in cycle):
             self._suspected.discard(optimizer_name)
             if len(cycle) == 1 and not cycle[0].rescaled:

@@ -72,7 +72,8 @@ class SamplerEpochs:
 
 
 def patch_dataloader_epochs(tracer: "Tracer", judge_samplers: bool) -> PatchHandle:
-    """Every training pass is an epoch boundary for `producers.epoch_schedules`; with
+    """Every training pass is an epoch boundary for `producers.epoch_schedules` and
+    `producers.epoch_tails`; with
     ``judge_samplers`` a pass over a shuffling ``DistributedSampler`` is also judged."""
 
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -81,6 +82,7 @@ def patch_dataloader_epochs(tracer: "Tracer", judge_samplers: bool) -> PatchHand
                 try:
                     if torch.is_grad_enabled() and not tracer.root_in_eval_mode():
                         tracer.contracts.epoch_schedules.epoch_boundary()
+                        tracer.contracts.accumulation.training_pass_begun()
                         sampler = _shuffling_sampler(loader) if judge_samplers else None
                         if sampler is not None:
                             cls = type(loader)

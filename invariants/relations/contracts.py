@@ -50,6 +50,8 @@ DESCRIPTIONS: dict[str, str] = {
                                "cached before an optimizer updated the weights in the same autocast region"),
     "keeps_frozen_weights": ("{api} never moves a parameter it trained that has been frozen since "
                              "(requires_grad=False)"),
+    "carries_no_epoch_tail": ("{api} never applies gradients an earlier epoch's trailing micro-batches left "
+                              "(a cycle crossing a training pass is no longer than one within a pass)"),
     "resumes_schedule": ("{api} never starts a schedule over from epoch 0 for an optimizer resumed from a "
                          "checkpoint"),
     "steps_once_per_epoch": ("{api} of a StepLR/MultiStepLR counts epochs: stepped per iteration it never lowers "
@@ -125,6 +127,11 @@ HINTS: dict[str, str] = {
                              "backward and step), so the step moves it: weight decay shrinks it and the momentum "
                              "left from training keeps pushing it; clear with set_to_none=True (the default), set "
                              "the frozen parameters' grad to None, or build the optimizer over the trainable part"),
+    "carries_no_epoch_tail": ("this step applies more micro-batches than any step within one epoch did: the "
+                              "backwards of the previous epoch's last micro-batches were never stepped nor cleared "
+                              "(the accumulation trigger counts batches per epoch and the epoch's length is not a "
+                              "multiple of it), so their gradients, computed with last epoch's weights, leak into "
+                              "this step; step (or clear) on the last batch of each epoch"),
     "resumes_schedule": ("the optimizer was resumed from a checkpoint (its state was loaded) but this scheduler "
                          "starts from epoch 0: its state was not saved or not loaded (accelerate saves only prepared or "
                          "registered schedulers), so the warm-up replays and the decay is shifted by the resumed steps; "
