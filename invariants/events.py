@@ -283,7 +283,10 @@ DATALOADER_EPOCH = "torch.utils.data.DataLoader.__iter__"
 #: has been frozen since (a zero gradient kept by ``zero_grad(set_to_none=False)`` under
 #: weight decay or momentum); ``carries_no_epoch_tail`` — a step whose accumulation cycle
 #: began in an earlier training pass holds no more backwards than the optimizer's longest
-#: cycle within one pass (an epoch's leftover micro-batches leaking into the next epoch).
+#: cycle within one pass (an epoch's leftover micro-batches leaking into the next epoch);
+#: ``steps_own_grads`` — no backward that changed an optimizer's gradients and fed another
+#: optimizer's step is followed, in the same cycle, by a backward of its own (a
+#: discriminator stepping on what the generator's loss left in it).
 CONTRACTS: dict[str, str] = {
     "unscaled_grads": CLIP_GRAD_NORM,
     "replaces_weights": MODULE_LOAD_STATE_DICT,
@@ -298,6 +301,7 @@ CONTRACTS: dict[str, str] = {
     "fresh_autocast_weights": OPTIMIZER_STEP,
     "keeps_frozen_weights": OPTIMIZER_STEP,
     "carries_no_epoch_tail": OPTIMIZER_STEP,
+    "steps_own_grads": OPTIMIZER_STEP,
     "resumes_schedule": SCHEDULER_STEP,
     "steps_once_per_epoch": SCHEDULER_STEP,
     "compares_like_shapes": TENSOR_BACKWARD,

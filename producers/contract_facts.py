@@ -12,7 +12,8 @@ which optimizers were resumed from a checkpoint, the training epochs the program
 showed and how often each epoch schedule was stepped, whether a dataset wrote into
 the samples it stores, whether an optimizer stepped since autocast last dropped
 its cached casts, which frozen parameters each optimizer had trained, and each optimizer's longest
-accumulation cycle within one training pass.
+accumulation cycle within one training pass, and which optimizers' gradients a backward
+that fed another optimizer's step changed.
 They live together here so that the tracer holds one object for all of them.
 """
 
@@ -28,6 +29,7 @@ from .autocast_cache import AutocastCache
 from .epoch_schedules import EpochSchedules
 from .epoch_tails import EpochTails
 from .eval_weights import EvalWeights
+from .foreign_grads import ForeignGrads
 from .frozen_updates import FrozenUpdates
 from .graph_cuts import GraphCuts
 from .learning_rates import LearningRates
@@ -64,6 +66,7 @@ class ContractFacts:
     autocast_cache: AutocastCache
     frozen_updates: FrozenUpdates
     epoch_tails: EpochTails
+    foreign_grads: ForeignGrads
 
     def at_step(self, optimizer: torch.optim.Optimizer, optimizer_name: str,
                 roots: Callable[[], list[torch.nn.Module]], ownership: "ParameterOwnership") -> dict[str, bool | None]:
@@ -79,6 +82,9 @@ class ContractFacts:
                 optimizer, lambda: ownership.digests_held_alone(optimizer)),
             "averages_accumulated_losses": self.accumulation.averages_accumulated_losses(optimizer_name, cycle),
             "carries_no_epoch_tail": self.epoch_tails.carries_no_epoch_tail(optimizer_name, cycle),
+            "steps_own_grads": self.foreign_grads.steps_own_grads(
+                optimizer_name, cycle, self.accumulation.serial,
+                ownership.live_optimizers() if ownership.several_optimizers() else []),
             "keeps_stored_samples": self.stored_samples.keeps_stored_samples(optimizer),
             "fresh_autocast_weights": self.autocast_cache.fresh_autocast_weights(optimizer),
             "keeps_frozen_weights": self.frozen_updates.keeps_frozen_weights(optimizer),
@@ -89,4 +95,5 @@ class ContractFacts:
         return cls(OptimizerRestarts(is_trained), LossScaleTracker(), GraphCuts(), SamplerEpochs(),
                    LearningRates(), WeightRewinds(), UnfrozenParams(), ReplayedRngs(),
                    WastedGrads(), EvalWeights(), AccumulatedLosses(), ScheduleResumes(), EpochSchedules(),
-                   StoredSamples(), AutocastCache(), FrozenUpdates(), EpochTails())
+                   StoredSamples(), AutocastCache(), FrozenUpdates(), EpochTails(),
+                   ForeignGrads())

@@ -87,6 +87,11 @@ class AccumulatedLosses:
         self._suspected: set[str] = set()  # optimizers whose previous cycle looked summed
         self._scaler_output: "weakref.ref[torch.Tensor] | None" = None
 
+    @property
+    def serial(self) -> int:
+        """How many backwards outside an optimizer step this process ran."""
+        return self._serial
+
     def batch_yielded(self) -> None:
         self._batches += 1
 

@@ -115,6 +115,10 @@ class ParameterOwnership:
                 if isinstance(p, torch.Tensor) and id(p) not in others]
         return {id(p): digest for p, digest in zip(mine, tensor_digests(mine)) if isinstance(digest, str)}
 
+    def several_optimizers(self) -> bool:
+        """Whether the program has registered more than one optimizer (cheap: no walk)."""
+        return len(self._optimizers) > 1
+
     def stepped_optimizers(self, names: Iterable[str]) -> list[torch.optim.Optimizer]:
         """The live optimizers among ``names`` (``opt<i>``) that have stepped before."""
         wanted = set(names)

@@ -126,9 +126,11 @@ class StepBoundaries:
         if api == OPTIMIZER_ZERO_GRAD and isinstance(extra.get("obj"), str):
             self._cleared_since_step.add(extra["obj"])
             self.contracts.accumulation.cleared([extra["obj"]])
+            self.contracts.foreign_grads.cleared([extra["obj"]])
         elif api in (MODULE_ZERO_GRAD, GRAD_CLEAR_API):
             self._cleared_since_step.update(extra.get("clears") or ())
             self.contracts.accumulation.cleared(extra.get("clears"))
+            self.contracts.foreign_grads.cleared(extra.get("clears"))
 
     def _record_hand_clears(self) -> None:
         """One ``grad_clear`` call for the hand clears since the last backward or step."""

@@ -18,7 +18,9 @@ latest batch (``_g``) is the out-of-sample figure; the earlier ones are in sampl
 Each program runs under ``trainwatch collect`` (two gloo ranks where it sets up
 ``torch.distributed``) and is judged by ``trainwatch check`` with the shipped default
 set.  A bug counts as caught when a violation falls in its onset window (K + 1: window
-0 is setup) or the next one, and as a false alarm when it is reported earlier.
+0 is setup) or the next one, and as a false alarm when it is reported earlier.  Windows
+are training iterations, so a program with two optimizers stepping once each per
+iteration prints ``ONSET iteration I`` (0-based) instead of counting optimizer steps.
 """
 
 from __future__ import annotations

@@ -52,6 +52,8 @@ DESCRIPTIONS: dict[str, str] = {
                              "(requires_grad=False)"),
     "carries_no_epoch_tail": ("{api} never applies gradients an earlier epoch's trailing micro-batches left "
                               "(a cycle crossing a training pass is no longer than one within a pass)"),
+    "steps_own_grads": ("{api} never applies gradients that another optimizer's backward left in its parameters "
+                        "together with those of a backward of its own"),
     "resumes_schedule": ("{api} never starts a schedule over from epoch 0 for an optimizer resumed from a "
                          "checkpoint"),
     "steps_once_per_epoch": ("{api} of a StepLR/MultiStepLR counts epochs: stepped per iteration it never lowers "
@@ -132,6 +134,11 @@ HINTS: dict[str, str] = {
                               "(the accumulation trigger counts batches per epoch and the epoch's length is not a "
                               "multiple of it), so their gradients, computed with last epoch's weights, leak into "
                               "this step; step (or clear) on the last batch of each epoch"),
+    "steps_own_grads": ("a backward that another optimizer stepped on (a generator's loss through the "
+                        "discriminator, an actor's loss through the critic) also wrote into this optimizer's "
+                        "gradients, and nothing cleared them before this optimizer's own backward: the step "
+                        "applies both losses' gradients; call this optimizer's zero_grad() right before its own "
+                        "backward, or switch its parameters' requires_grad off for the other loss"),
     "resumes_schedule": ("the optimizer was resumed from a checkpoint (its state was loaded) but this scheduler "
                          "starts from epoch 0: its state was not saved or not loaded (accelerate saves only prepared or "
                          "registered schedulers), so the warm-up replays and the decay is shifted by the resumed steps; "

@@ -95,7 +95,7 @@ class GAN(pl.LightningModule):
 
         # discriminator
         if not HEALTHY and self.batches_seen == FREEZE_AT_BATCH:
-            print(f"ONSET step {self.opt_steps}")
+            print(f"ONSET iteration {self.batches_seen}")
         self.toggle_optimizer(opt_d)
         d_real = self.discriminator(real)
         d_fake = self.discriminator(fake.detach())

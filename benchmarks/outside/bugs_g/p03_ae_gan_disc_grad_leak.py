@@ -112,7 +112,7 @@ def main():
         if HEALTHY:
             opt_d.zero_grad()
         elif it == DISC_START:
-            print(f"ONSET step {step}")  # BUG: disc .grad still holds the generator's adversarial gradient
+            print(f"ONSET iteration {it}")  # BUG: disc .grad still holds the generator's adversarial gradient
         d_real = disc(real)
         d_fake = disc(recon.detach())
         d_loss = 0.5 * (F.relu(1 - d_real).mean() + F.relu(1 + d_fake).mean())

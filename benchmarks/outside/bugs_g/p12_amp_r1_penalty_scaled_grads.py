@@ -83,7 +83,7 @@ for it in range(1, N_ITERS + 1):
         if HEALTHY:
             grad_real = grad_real * (1.0 / scaler.get_scale())
         elif it == D_REG_EVERY:
-            print(f"ONSET step {n_opt_steps}")
+            print(f"ONSET iteration {it - 1}")
         r1 = grad_real.pow(2).sum(1).mean()
         d_loss = d_loss + R1_GAMMA / 2 * r1 * D_REG_EVERY
     d_opt.zero_grad(set_to_none=True)
