@@ -90,8 +90,8 @@ class StepBoundaries:
             return
         position = self.recorder.position
         if api in ZERO_GRAD_APIS:
-            if cleared_inside_optimizer_update():
-                return  # SAM's ascent step clears between its two backward passes: not the loop's clear
+            if cleared_inside_optimizer_update() or self.contracts.wasted_grads.weights_moved():
+                return  # SAM's ascent clears between its two backward passes: not the loop's clear
             decision = self.loop.loop_start(position, zero_grad=True, optimizer_known=self.ownership.optimizer_known)
         elif api in BACKWARD_APIS:
             decision = self.loop.backward(position)
@@ -257,6 +257,7 @@ class StepBoundaries:
             self.loop.optimizer_step_ended()
             self.ownership.optimizer_stepped(optimizer, self.registry.add_optimizer(optimizer))
             self.contracts.restarts.stepped(optimizer)
+            self.contracts.wasted_grads.step_ended(optimizer)
             self.contracts.epoch_schedules.optimizer_stepped(optimizer)
             self.contracts.graph_cuts.stepped()
             decision = self.cycle.after_step(id(optimizer), self.recorder.position)

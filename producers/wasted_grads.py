@@ -25,18 +25,28 @@ program then inspected (``clip_grad_norm_``: a step skipped on a gradient-norm s
 that ran through a model input requiring gradients (adversarial training computes
 input gradients with a backward whose parameter gradients it discards).  Gradients that
 are not finite (a step skipped on overflow, by ``GradScaler`` or by hand) are not a
-wasted update either.
+wasted update either, nor are gradients the program used to move the weights before
+clearing them: sharpness-aware minimisation written in the training step (a
+LightningModule with manual optimisation, davda54/sam used by hand) climbs to
+``w + rho * g / |g|`` in place, clears, and takes its second backward there.  Such a
+move shows in the parameters' version counters (``Tensor._version``, bumped by every
+in-place write; relied on in ``tests/unit/test_grad_print.py``) of a few parameters of
+each optimizer that stepped, read at every backward and at a clear after one.  The
+same move tells `producers.iterations` that such a clear does not end the iteration.
 """
 
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any, Callable, Iterable
 
 import torch
 
 from .param_snapshots import tensor_norms
 
+#: parameters per optimizer whose version counters stand for its weights
+WEIGHT_SAMPLE = 8
 #: how far up an input's autograd graph a plain tensor that requires gradients is looked for
 INPUT_GRAPH_DEPTH = 4
 
@@ -74,6 +84,12 @@ def _wasted(optimizer: torch.optim.Optimizer) -> bool:
     return bool(norms) and all(math.isfinite(norm) for norm in norms) and any(norm > 0 for norm in norms)
 
 
+def _key(optimizer: torch.optim.Optimizer) -> int:
+    """An optimizer and its wrappers (Lightning's, accelerate's) share one ``param_groups``
+    list: the step may be the inner optimizer's while the clear is the wrapper's."""
+    return id(optimizer.param_groups)
+
+
 class WastedGrads:
     """Whether a backward ran since the last optimizer step or clear whose gradients
     nothing used yet, and whether the program inspected them or took input gradients
@@ -84,14 +100,39 @@ class WastedGrads:
         self._excused = False  # inspected (clip) or input gradients since the last step
         self._wipes = 0  # clears that discarded gradients since the last optimizer step
         self._wiped_before = False  # and between the two steps before
+        # a few parameters of each optimizer that stepped, and their versions at the latest backward
+        self._samples: dict[int, tuple[int, list[weakref.ref[torch.Tensor]]]] = {}  # _key -> (groups, sample)
+        self._versions_at_backward: list[int] | None = None
 
     def backward_ran(self) -> None:
         self._unused_backward = True
+        self._versions_at_backward = self._sample_versions() if self._samples else None
 
     def optimizer_stepped(self) -> None:
         self._unused_backward = False
         self._excused = False
         self._wiped_before, self._wipes = self._wipes > 0, 0
+        self._versions_at_backward = None
+
+    def step_ended(self, optimizer: torch.optim.Optimizer) -> None:
+        """After an optimizer's step: the parameters whose versions stand for its weights."""
+        groups = len(optimizer.param_groups)
+        if self._samples.get(_key(optimizer), (None,))[0] == groups:
+            return
+        params = [p for group in optimizer.param_groups for p in group.get("params", ()) if isinstance(p, torch.Tensor)]
+        count = min(WEIGHT_SAMPLE, len(params))
+        self._samples = {key: kept for key, kept in self._samples.items() if all(ref() is not None for ref in kept[1])}
+        self._samples[_key(optimizer)] = (groups, [weakref.ref(params[i * len(params) // count]) for i in range(count)])
+
+    def _sample_versions(self) -> list[int]:
+        return [param._version for _, sample in self._samples.values() for ref in sample
+                if (param := ref()) is not None]
+
+    def weights_moved(self) -> bool:
+        """Whether the program wrote in place into weights of optimizers that stepped
+        since the latest backward, with no step since (SAM's climb to the perturbed
+        weights): the clear that follows discards gradients that were used."""
+        return self._versions_at_backward is not None and self._sample_versions() != self._versions_at_backward
 
     def inspected(self) -> None:
         self._excused = True
@@ -119,6 +160,8 @@ class WastedGrads:
         try:
             if self._excused or not any(_wasted(optimizer) for optimizer in optimizers):
                 return None if self._excused else True
+            if self.weights_moved():
+                return None  # the gradients moved the weights before the clear (SAM's climb)
             self._wipes += 1
             return False if self._wipes > 1 or self._wiped_before else None  # one may be a skipped step
         finally:  # what the backward left is gone now

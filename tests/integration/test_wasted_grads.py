@@ -5,8 +5,9 @@ inside accelerate's ``accumulate``): the clear breaks ``clears_used_grads`` /
 are not judged: accumulation cleared once per step, a GAN whose generator backward
 reaches the discriminator, a step GradScaler skipped on overflow, a step skipped on a
 gradient-norm spike, adversarial training, a sanity backward during setup and LBFGS
-closures, a clear inside sharpness-aware minimisation's own update method, and a
-single discarded backward between two steps (a skipped step)."""
+closures, a clear inside sharpness-aware minimisation's own update method or after the
+training loop's own climb to SAM's perturbed weights (which also keeps the iteration
+whole), and a single discarded backward between two steps (a skipped step)."""
 
 from __future__ import annotations
 
@@ -122,3 +123,31 @@ def test_skipped_steps_adversarial_inputs_setup_and_closures_are_not_judged(tmp_
     # (the closure's own clears run inside its step)
     assert _kept(tmp_path, obj="opt0") == [None, True, True, None, True, None, True, None, True]
     assert set(_kept(tmp_path, obj="opt1")) == {None}
+
+
+def test_sam_written_in_the_training_loop_is_one_iteration_and_keeps_the_contract(tmp_path):
+    """The loop climbs to ``w + rho * g / |g|`` in place after the first backward, clears,
+    takes the second backward there, climbs back and steps (davda54/sam by hand, as in a
+    LightningModule with manual optimisation)."""
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    steps = 5
+    with producers.instrument(run_id="r-sam", trace_dir=tmp_path, quiet=True):
+        for _ in range(steps):
+            x = torch.randn(8, 4)
+            optimizer.zero_grad()
+            _loss(model, x).backward()
+            with torch.no_grad():
+                norm = torch.stack([p.grad.norm() for p in model.parameters()]).norm()
+                climbs = [p.grad * (0.05 / norm) for p in model.parameters()]
+                for p, climb in zip(model.parameters(), climbs):
+                    p.add_(climb)
+            optimizer.zero_grad()
+            _loss(model, x).backward()
+            with torch.no_grad():
+                for p, climb in zip(model.parameters(), climbs):
+                    p.sub_(climb)
+            optimizer.step()
+    assert False not in _kept(tmp_path)
+    windows = {step for step, event in trace_events(trace_batches(tmp_path)) if event["kind"] == "call"}
+    assert len(windows) == steps + 1  # setup, then one window per optimizer step
