@@ -10,6 +10,7 @@ import copy
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
@@ -205,6 +206,29 @@ def test_an_optimizer_step_after_a_detach_cut_off_most_of_what_ran_breaks_the_co
 
         lbfgs.step(closure)
     assert [c["grads_reach_what_ran"] for c in _contracts(tmp_path, OPTIMIZER_STEP)] == [True, True, False, True, True]
+
+
+def test_a_part_that_never_had_a_gradient_is_in_a_phase_of_its_own_until_it_has_one(tmp_path):
+    """An actor that only samples actions while its critic warms up runs with gradients
+    and gets none (encode-attend-navigate's critic warm-up); once trained, a cut is seen."""
+    torch.manual_seed(0)
+    actor, critic = nn.Sequential(nn.Linear(4, 32), nn.Tanh(), nn.Linear(32, 3)), nn.Linear(4, 1)
+    optimizer = torch.optim.Adam(list(actor.parameters()) + list(critic.parameters()), lr=1e-3)
+    with producers.instrument(run_id="r-warmup", trace_dir=tmp_path, quiet=True):
+        for phase in ("warm-up", "warm-up", "joint", "joint", "cut"):
+            states = torch.randn(8, 4)
+            log_probs = torch.log_softmax(actor(states), -1)
+            actions = torch.distributions.Categorical(logits=log_probs).sample()
+            value = critic(states).squeeze(1)
+            returns = actions.float()
+            loss = F.mse_loss(value, returns)
+            if phase != "warm-up":
+                chosen = log_probs.gather(1, actions[:, None]).squeeze(1)
+                loss = loss - ((returns - value.detach()) * (chosen.detach() if phase == "cut" else chosen)).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    assert [c["grads_reach_what_ran"] for c in _contracts(tmp_path, OPTIMIZER_STEP)] == [True, True, True, True, False]
 
 
 def test_an_optimizer_rebuilt_after_restoring_the_model_from_a_checkpoint_keeps_the_contract(tmp_path):
