@@ -76,7 +76,7 @@ class ForwardHooks:
                 # list), with trainable parameters no optimizer holds: never trained
                 ctx["unregistered"] = True
             if module.training and ctx["grad"]:
-                keeps = keeps_frozen_statistics(module, self.ownership.held_by_optimizer)
+                keeps = keeps_frozen_statistics(module, self.ownership.held_only_while_toggled_off)
                 if keeps is not None:
                     ctx["contract"] = {"frozen_norm_keeps_stats": keeps}
             if self._first_forwards.is_first(module):

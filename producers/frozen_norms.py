@@ -10,9 +10,12 @@ carries the contract ``frozen_norm_keeps_stats``: its affine parameters are not 
 frozen.  Momentum and teacher encoders (MoCo, BYOL, DINO) run their BatchNorm layers in
 training mode on purpose, but without gradients: those forwards are not judged, nor
 are layers without affine parameters or running statistics, nor a momentum of 0.  Nor
-are layers whose parameters an optimizer holds: a GAN freezes one network while the
-other one's update runs through it (CycleGAN's ``set_requires_grad``, Lightning's
-``toggle_optimizer``), and both networks' statistics follow training on purpose.
+are layers whose optimizers are switched off as a whole: a GAN freezes one network while
+the other one's update runs through it (CycleGAN's ``set_requires_grad``, Lightning's
+``toggle_optimizer``), and both networks' statistics follow training on purpose.  A
+layer frozen inside a model whose optimizer still trains the rest (fine-tuning with
+``model.parameters()`` handed to the optimizer before the freeze, gt-pyg issue 112) is
+judged.
 """
 
 from __future__ import annotations
@@ -23,10 +26,11 @@ import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
 
-def keeps_frozen_statistics(module: torch.nn.Module, held: Callable[[torch.Tensor], bool]) -> bool | None:
+def keeps_frozen_statistics(module: torch.nn.Module, toggled_off: Callable[[torch.Tensor], bool]) -> bool | None:
     """For a training-mode forward with gradients: False when a BatchNorm layer whose
-    affine parameters are all frozen, and held by no optimizer (``held``), will update its
-    running statistics; None where the contract does not apply."""
+    affine parameters are all frozen, and not held only by optimizers switched off as a
+    whole (``toggled_off``), will update its running statistics; None where the contract
+    does not apply."""
     if not isinstance(module, _BatchNorm) or not module.track_running_stats or module.momentum == 0:
         return None
     params = [param for param in module._parameters.values() if param is not None]
@@ -34,4 +38,4 @@ def keeps_frozen_statistics(module: torch.nn.Module, held: Callable[[torch.Tenso
         return None
     if any(param.requires_grad for param in params):
         return True
-    return None if any(held(param) for param in params) else False
+    return None if any(toggled_off(param) for param in params) else False

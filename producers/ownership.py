@@ -147,6 +147,17 @@ class ParameterOwnership:
         key = id(param)
         return any(key in params and ref() is not None for ref, params in self._optimizers.values())
 
+    def held_only_while_toggled_off(self, param: torch.Tensor) -> bool:
+        """Whether the live optimizers holding ``param`` (at least one) all hold no
+        parameter that takes gradients now: a network switched off as a whole for another
+        one's update (a GAN's discriminator), not a part frozen inside a model whose
+        optimizer trains the rest."""
+        key = id(param)
+        holders = [optimizer for ref, params in self._optimizers.values()
+                   if key in params and (optimizer := ref()) is not None]
+        return bool(holders) and not any(p.requires_grad for optimizer in holders
+                                         for group in optimizer.param_groups for p in group.get("params", ()))
+
     @property
     def optimizer_known(self) -> bool:
         return bool(self._optimizers)

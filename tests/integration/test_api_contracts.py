@@ -460,6 +460,26 @@ def test_a_frozen_batchnorm_left_in_training_mode_breaks_the_contract_on_each_fo
     assert _norm_contracts(tmp_path) == [True, True, False, False, True, True]
 
 
+def test_a_batchnorm_frozen_inside_a_model_whose_optimizer_trains_the_rest_breaks_it(tmp_path):
+    """gt-pyg issue 112: the encoder is frozen (``requires_grad=False``, BatchNorm put in
+    eval) after the optimizer was built over ``model.parameters()``; the next
+    ``model.train()`` puts the BatchNorm back in training mode.  The optimizer still
+    trains the head, so it is no network switched off for another one's update."""
+    encoder = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU())
+    model = nn.Sequential(encoder, nn.Linear(8, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with producers.instrument(run_id="r-frozen-bn-held", trace_dir=tmp_path, quiet=True):
+        for step in range(4):
+            if step == 2:
+                encoder.requires_grad_(False)
+                encoder[1].eval()
+            model.train()
+            optimizer.zero_grad()
+            model(torch.randn(8, 4)).pow(2).mean().backward()
+            optimizer.step()
+    assert _norm_contracts(tmp_path) == [True, True, False, False]
+
+
 def test_batchnorm_weights_unfrozen_beside_the_block_lightning_adds_keep_the_contract(tmp_path):
     """``unfreeze_and_add_param_group(..., train_bn=False)``: the block's convolution joins
     the optimizer, its BatchNorm weights take gradients no optimizer holds, on purpose."""
