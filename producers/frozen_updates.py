@@ -18,6 +18,12 @@ would block the step, so there only weight decay is judged (the rest is reported
 judged).  Parameters frozen from the start (a teacher, a
 pretrained tower, master copies that hold gradients set by hand), frozen ones whose
 gradient is None, and a new optimizer built over the still-trainable part are fine.
+
+A gradient hook that returns zeros freezes nothing either (pytorch issue 38581: weight
+decay does not respect hooks): a parameter with a hook whose gradient is all zero at a
+step counts as frozen then (read on the CPU only), and is judged on weight decay alone
+— a hook that masks part of a tensor (new token rows) leaves momentum moving the rows it
+lets through, on purpose.
 """
 
 from __future__ import annotations
@@ -63,6 +69,14 @@ def _pushes(param: torch.Tensor, state: Any) -> bool | None:
     return _any_nonzero([param.grad, *carried])
 
 
+def _zeroed_by_hook(param: torch.Tensor) -> bool:
+    """Whether a parameter with gradient hooks holds an all-zero gradient, read on the
+    CPU only (elsewhere it counts as trainable: not judged)."""
+    grad = param.grad
+    return (grad is not None and grad.numel() > 0 and grad.is_cpu and type(grad) is torch.Tensor
+            and not bool(grad.any()))
+
+
 @dataclass
 class _Held:
     """What an optimizer held at its previous step."""
@@ -91,7 +105,8 @@ class FrozenUpdates:
         move a parameter it trained that has been frozen since; None where a value that
         would decide it lives on an accelerator."""
         groups = optimizer.param_groups
-        frozen = {id(param) for group in groups for param in group["params"] if not param.requires_grad}
+        frozen = {id(param) for group in groups for param in group["params"]
+                  if not param.requires_grad or (param._backward_hooks and _zeroed_by_hook(param))}
         layout = _layout(optimizer)
         before = self._held.get(optimizer)
         if before is None:
@@ -115,7 +130,10 @@ class FrozenUpdates:
         for param, group in watched:
             if param.grad is None or not _learns(group):
                 continue
-            moved = True if _decays(group) else _pushes(param, optimizer.state.get(param))
+            if param.requires_grad:  # frozen by a hook: momentum may carry rows it lets through
+                moved: bool | None = _decays(group)
+            else:
+                moved = True if _decays(group) else _pushes(param, optimizer.state.get(param))
             if moved:
                 return False
             if moved is None:

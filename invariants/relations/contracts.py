@@ -124,11 +124,12 @@ HINTS: dict[str, str] = {
                                "forward computed with the weights as they were at the region's first forward and "
                                "training stalls; wrap only the forward and loss in torch.autocast (step the "
                                "optimizer outside it), or pass cache_enabled=False"),
-    "keeps_frozen_weights": ("a parameter this optimizer trained was frozen with requires_grad=False, but it still "
-                             "has a gradient (a zero one kept by zero_grad(set_to_none=False), or a freeze between "
-                             "backward and step), so the step moves it: weight decay shrinks it and the momentum "
-                             "left from training keeps pushing it; clear with set_to_none=True (the default), set "
-                             "the frozen parameters' grad to None, or build the optimizer over the trainable part"),
+    "keeps_frozen_weights": ("a parameter this optimizer trained was frozen (requires_grad=False, or a gradient "
+                             "hook returning zeros), but it still has a gradient (a zero one kept by "
+                             "zero_grad(set_to_none=False) or made by the hook, or a freeze between backward and "
+                             "step), so the step moves it: weight decay shrinks it and the momentum left from "
+                             "training keeps pushing it; clear with set_to_none=True (the default), set the frozen "
+                             "parameters' grad to None, or build the optimizer over the trainable part"),
     "carries_no_epoch_tail": ("this step applies more micro-batches than any step within one epoch did: the "
                               "backwards of the previous epoch's last micro-batches were never stepped nor cleared "
                               "(the accumulation trigger counts batches per epoch and the epoch's length is not a "

@@ -101,3 +101,35 @@ def test_momentum_on_an_accelerator_is_reported_as_not_judged():
     assert updates.keeps_frozen_weights(optimizer) is None
     optimizer.state[param]["momentum_buffer"] = torch.ones(3)
     assert updates.keeps_frozen_weights(optimizer) is False
+
+
+def _train_with_hook(tmp_path, make_optimizer, mask_rows: bool) -> list:
+    """``WARM`` steps, then a gradient hook on the first layer's weight that zeroes all of
+    it (a freeze, pytorch#38581) or only its first rows (new rows keep training)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 12), nn.Tanh(), nn.Linear(12, 2))
+    optimizer = make_optimizer(list(model.parameters()))
+    with producers.instrument(run_id="r-hook", trace_dir=tmp_path, quiet=True):
+        for step in range(WARM + FROZEN):
+            if step == WARM:
+                mask = torch.zeros(12, 1)
+                if mask_rows:
+                    mask[:4] = 1
+                model[0].weight.register_hook(lambda grad: grad * mask)
+            optimizer.zero_grad()
+            F.mse_loss(model(torch.randn(8, 6)), torch.randn(8, 2)).backward()
+            optimizer.step()
+    return _verdicts(tmp_path)
+
+
+def test_a_hook_that_zeroes_the_gradient_freezes_nothing_under_weight_decay(tmp_path):
+    verdicts = _train_with_hook(tmp_path, lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=1e-3),
+                                mask_rows=False)
+    assert verdicts == [None] + [True] * (WARM - 1) + [False] * FROZEN
+
+
+def test_a_hook_that_masks_rows_or_zeroes_without_decay_keeps_it(tmp_path):
+    decayed = lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1)  # noqa: E731
+    assert set(_train_with_hook(tmp_path / "rows", decayed, mask_rows=True)) == {None, True}
+    momentum_only = lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9)  # noqa: E731
+    assert set(_train_with_hook(tmp_path / "plain", momentum_only, mask_rows=False)) == {None, True}
