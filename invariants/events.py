@@ -284,6 +284,9 @@ DATALOADER_EPOCH = "torch.utils.data.DataLoader.__iter__"
 #: weight decay or momentum); ``carries_no_epoch_tail`` — a step whose accumulation cycle
 #: began in an earlier training pass holds no more backwards than the optimizer's longest
 #: cycle within one pass (an epoch's leftover micro-batches leaking into the next epoch);
+#: ``keeps_cycle_across_epoch`` — a step whose cycle a clear at an epoch's start cut (it
+#: discarded the previous epoch's backwards) holds as many backwards as its longest cycle
+#: within one pass (an epoch-start clear in a loop that accumulates across epochs);
 #: ``steps_own_grads`` — no backward that changed an optimizer's gradients and fed another
 #: optimizer's step is followed, in the same cycle, by a backward of its own (a
 #: discriminator stepping on what the generator's loss left in it).
@@ -301,6 +304,7 @@ CONTRACTS: dict[str, str] = {
     "fresh_autocast_weights": OPTIMIZER_STEP,
     "keeps_frozen_weights": OPTIMIZER_STEP,
     "carries_no_epoch_tail": OPTIMIZER_STEP,
+    "keeps_cycle_across_epoch": OPTIMIZER_STEP,
     "steps_own_grads": OPTIMIZER_STEP,
     "resumes_schedule": SCHEDULER_STEP,
     "steps_once_per_epoch": SCHEDULER_STEP,

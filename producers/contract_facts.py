@@ -82,6 +82,8 @@ class ContractFacts:
                 optimizer, lambda: ownership.digests_held_alone(optimizer)),
             "averages_accumulated_losses": self.accumulation.averages_accumulated_losses(optimizer_name, cycle),
             "carries_no_epoch_tail": self.epoch_tails.carries_no_epoch_tail(optimizer_name, cycle),
+            "keeps_cycle_across_epoch": self.epoch_tails.keeps_cycle_across_epoch(
+                optimizer_name, cycle, self.accumulation.cut_by_new_pass(optimizer_name, cycle)),
             "steps_own_grads": self.foreign_grads.steps_own_grads(
                 optimizer_name, cycle, self.accumulation.serial,
                 ownership.live_optimizers() if ownership.several_optimizers() else []),

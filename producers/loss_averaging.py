@@ -85,6 +85,7 @@ class AccumulatedLosses:
         self._cycle_start: dict[str, int] = {}  # optimizer name -> last serial before its cycle
         self._single_losses: dict[str, set[str]] = {}  # last operations of one-loss cycles
         self._suspected: set[str] = set()  # optimizers whose previous cycle looked summed
+        self._discarded_pass: dict[str, int] = {}  # optimizer -> pass of the latest backward a clear discarded
         self._scaler_output: "weakref.ref[torch.Tensor] | None" = None
 
     @property
@@ -125,7 +126,15 @@ class AccumulatedLosses:
         """The gradients of these optimizers were cleared: their cycles start again."""
         for name in optimizer_names or ():
             if isinstance(name, str):
+                if self._serial > self._cycle_start.get(name, 0) and self._losses:
+                    self._discarded_pass[name] = self._losses[-1].training_pass
                 self._cycle_start[name] = self._serial
+
+    def cut_by_new_pass(self, optimizer_name: str, cycle: list[LossFacts]) -> bool:
+        """At the optimizer's step (asked once a step): whether a clear since its previous
+        step discarded backwards of a training pass before the one its cycle began in."""
+        discarded_pass = self._discarded_pass.pop(optimizer_name, None)
+        return discarded_pass is not None and bool(cycle) and cycle[0].training_pass > discarded_pass
 
     def take_cycle(self, optimizer_name: str) -> list[LossFacts]:
         """At the step of the optimizer named ``optimizer_name`` (``opt<i>``): the backwards

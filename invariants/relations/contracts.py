@@ -52,6 +52,8 @@ DESCRIPTIONS: dict[str, str] = {
                              "(requires_grad=False)"),
     "carries_no_epoch_tail": ("{api} never applies gradients an earlier epoch's trailing micro-batches left "
                               "(a cycle crossing a training pass is no longer than one within a pass)"),
+    "keeps_cycle_across_epoch": ("{api} never takes a cycle that a clear at an epoch's start cut short (a cycle "
+                                 "after such a clear is as long as one within a pass)"),
     "steps_own_grads": ("{api} never applies gradients that another optimizer's backward left in its parameters "
                         "together with those of a backward of its own"),
     "resumes_schedule": ("{api} never starts a schedule over from epoch 0 for an optimizer resumed from a "
@@ -135,6 +137,10 @@ HINTS: dict[str, str] = {
                               "(the accumulation trigger counts batches per epoch and the epoch's length is not a "
                               "multiple of it), so their gradients, computed with last epoch's weights, leak into "
                               "this step; step (or clear) on the last batch of each epoch"),
+    "keeps_cycle_across_epoch": ("a clear at the start of this epoch discarded the micro-batches the previous "
+                                 "epoch had accumulated toward this step, and the step fires on a count kept over "
+                                 "the whole run, so it applies fewer micro-batches than a whole cycle; clear only "
+                                 "after optimizer steps, or count micro-batches per epoch"),
     "steps_own_grads": ("a backward that another optimizer stepped on (a generator's loss through the "
                         "discriminator, an actor's loss through the critic) also wrote into this optimizer's "
                         "gradients, and nothing cleared them before this optimizer's own backward: the step "

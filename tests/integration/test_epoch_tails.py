@@ -3,7 +3,9 @@ into the next epoch's first step: ``carries_no_epoch_tail`` breaks there, becaus
 step applies more backwards than any step within one epoch.  Stepping on the tail,
 clearing at the start of each epoch, counting micro-batches over the whole run (a cycle
 that crosses the boundary still holds k), and a fresh DataLoader pass per batch keep it
-or are not judged."""
+or are not judged.  Counting over the whole run *and* clearing at each epoch's start
+cuts the cycle that crosses the boundary: ``keeps_cycle_across_epoch`` breaks at its
+step."""
 
 from __future__ import annotations
 
@@ -18,18 +20,20 @@ from invariants.events import OPTIMIZER_STEP
 from tests.support.producer_traces import trace_batches, trace_events
 
 CONTRACT = "carries_no_epoch_tail"
+CUT_CONTRACT = "keeps_cycle_across_epoch"
 ACCUMULATION, BATCHES, EPOCHS = 3, 7, 3  # 7 batches an epoch: two full cycles and one leftover
 
 
-def _verdicts(tmp_path) -> list:
-    return [((event.get("ctx") or {}).get("contract") or {}).get(CONTRACT, "absent")
+def _verdicts(tmp_path, contract: str = CONTRACT) -> list:
+    return [((event.get("ctx") or {}).get("contract") or {}).get(contract, "absent")
             for _, event in trace_events(trace_batches(tmp_path))
             if event["kind"] == "call" and event["phase"] == "pre" and event["api"] == OPTIMIZER_STEP]
 
 
 def _train(tmp_path, *, tail: str) -> None:
     """``tail``: what the loop does with an epoch's leftover micro-batch: ``leak``,
-    ``step`` it, ``clear`` at each epoch's start, or count micro-batches ``globally``."""
+    ``step`` it, ``clear`` at each epoch's start, count micro-batches ``globally``, or
+    both (``globally_cleared``: ultralytics PR 11217)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -37,12 +41,12 @@ def _train(tmp_path, *, tail: str) -> None:
     micro_batches = 0
     with producers.instrument(run_id="r-tail", trace_dir=tmp_path, quiet=True):
         for _ in range(EPOCHS):
-            if tail == "clear":
+            if tail in ("clear", "globally_cleared"):
                 optimizer.zero_grad()
             for index, (x, y) in enumerate(loader):
                 (F.mse_loss(model(x), y) / ACCUMULATION).backward()
                 micro_batches += 1
-                counted = micro_batches if tail == "globally" else index + 1
+                counted = micro_batches if tail.startswith("globally") else index + 1
                 if counted % ACCUMULATION == 0 or (tail == "step" and index == BATCHES - 1):
                     optimizer.step()
                     optimizer.zero_grad()
@@ -72,3 +76,14 @@ def test_a_fresh_pass_for_every_batch_is_not_judged(tmp_path):
             optimizer.step()
             optimizer.zero_grad()
     assert _verdicts(tmp_path) == [None] * 4
+
+
+def test_a_clear_at_each_epochs_start_cuts_a_cycle_counted_over_the_run(tmp_path):
+    _train(tmp_path, tail="globally_cleared")  # 7 a pass, k = 3: the first cycle of epochs 1 and 2 holds 2, 1
+    assert _verdicts(tmp_path, CUT_CONTRACT) == [True, True, False, True, False, True, True]
+
+
+@pytest.mark.parametrize("tail", ["clear", "globally", "step"])
+def test_a_clear_that_drops_a_tail_never_stepped_or_no_clear_keeps_whole_cycles(tmp_path, tail):
+    _train(tmp_path, tail=tail)
+    assert set(_verdicts(tmp_path, CUT_CONTRACT)) == {True}
