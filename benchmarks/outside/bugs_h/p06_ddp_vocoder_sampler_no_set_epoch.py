@@ -14,7 +14,6 @@ Unusual about the loop: epoch 0 is identical with or without the fix; from the f
 epoch 1 each rank sees the same batches in the same order as in epoch 0.
 --healthy: `train_sampler.set_epoch(epoch)` at the start of every epoch.
 """
-import os
 import sys
 
 import torch

@@ -14,7 +14,6 @@ Unusual but intended:
     (parameters stay identical because gradients are averaged);
   * evaluation runs on rank 0 only, on the unwrapped module, while rank 1 waits at a barrier.
 """
-import os
 
 import torch
 import torch.distributed as dist
@@ -53,7 +52,7 @@ def augment(x):
 
 def main():
     dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
 
     data_gen = torch.Generator().manual_seed(SEED)  # same data tensor on every rank
     w_true = torch.randn(32, 5, generator=data_gen)

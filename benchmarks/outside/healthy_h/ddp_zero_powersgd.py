@@ -51,7 +51,7 @@ def target_fn(x):
 
 def main():
     dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     torch.manual_seed(0)
     model = DDP(ResMLP())
 
