@@ -119,8 +119,8 @@ class AccumulatedLosses:
             self._losses.append(LossFacts(self._serial, self._batches, self._training_passes, True,
                                           type(node).__name__, None))
             return
-        self._losses.append(LossFacts(self._serial, self._batches, self._training_passes, _rescaled(node), type(node).__name__,
-                                      loss.detach()))
+        self._losses.append(LossFacts(self._serial, self._batches, self._training_passes, _rescaled(node),
+                                      type(node).__name__, loss.detach()))
 
     def cleared(self, optimizer_names: Any) -> None:
         """The gradients of these optimizers were cleared: their cycles start again."""

@@ -117,8 +117,9 @@ class WastedGrads:
     def step_ended(self, optimizer: torch.optim.Optimizer) -> None:
         """After an optimizer's step: the parameters whose versions stand for its weights."""
         groups = len(optimizer.param_groups)
-        if self._samples.get(_key(optimizer), (None,))[0] == groups:
-            return
+        known = self._samples.get(_key(optimizer))
+        if known is not None and known[0] == groups and all(ref() is not None for ref in known[1]):
+            return  # the same optimizer (a dead one's list id, reused, has dead parameters)
         params = [p for group in optimizer.param_groups for p in group.get("params", ()) if isinstance(p, torch.Tensor)]
         count = min(WEIGHT_SAMPLE, len(params))
         self._samples = {key: kept for key, kept in self._samples.items() if all(ref() is not None for ref in kept[1])}
