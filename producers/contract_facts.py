@@ -92,6 +92,18 @@ class ContractFacts:
             "keeps_frozen_weights": self.frozen_updates.keeps_frozen_weights(optimizer),
         }
 
+    def optimizer_step_ended(self, optimizer: torch.optim.Optimizer) -> None:
+        """After an optimizer's step: what the contracts of later calls remember of it."""
+        self.restarts.stepped(optimizer)
+        self.wasted_grads.step_ended(optimizer)
+        self.epoch_schedules.optimizer_stepped(optimizer)
+        self.graph_cuts.stepped()
+
+    def cycles_cleared(self, optimizer_names: list[str]) -> None:
+        """These optimizers' gradients were cleared: their accumulation cycles start again."""
+        self.accumulation.cleared(optimizer_names)
+        self.foreign_grads.cleared(optimizer_names)
+
     @classmethod
     def create(cls, is_trained: Callable[[torch.Tensor], bool]) -> "ContractFacts":
         return cls(OptimizerRestarts(is_trained), LossScaleTracker(), GraphCuts(), SamplerEpochs(),

@@ -49,17 +49,19 @@ class ForeignGrads:
         self._restarted: set[str] = set()  # cycles begun by a step or clear: printed at the next backward
         self._fed_another: dict[str, int] = {}  # optimizer -> serial of that backward
 
-    def cleared(self, optimizer_names: object) -> None:
-        for name in optimizer_names or ():
-            if isinstance(name, str):
-                self._restarted.add(name)
-                self._fed_another.pop(name, None)
+    def cleared(self, optimizer_names: list[str]) -> None:
+        for name in optimizer_names:
+            self._restarted.add(name)
+            self._fed_another.pop(name, None)
+
+    @property
+    def waiting(self) -> bool:
+        """Whether a cycle begun since the last backward still needs its print."""
+        return bool(self._restarted)
 
     def backward_begins(self, optimizers: list[tuple[str, list[torch.Tensor]]]) -> None:
         """Before a backward outside a step writes: print the cycles begun since the last
         one (after the step or clear that began them, which may write gradients too)."""
-        if not self._restarted:
-            return
         for name, params in optimizers:
             if name in self._restarted:
                 self._at_cycle_start[name] = grad_print(params)

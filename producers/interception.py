@@ -203,7 +203,7 @@ def _begin(
     contract = None
     if spec.api in BACKWARD_APIS and not tracer.in_optimizer_step:  # a closure's backward is the step's own
         tracer.contracts.accumulation.backward(args[0] if args else kwargs.get("tensors"))
-        if tracer.ownership.several_optimizers():
+        if tracer.contracts.foreign_grads.waiting and tracer.ownership.several_optimizers():
             tracer.contracts.foreign_grads.backward_begins(tracer.ownership.live_optimizers())
     if spec.api == CLIP_GRAD_NORM:
         contract = {"unscaled_grads": not tracer.contracts.loss_scale.scaled}

@@ -122,13 +122,12 @@ class AccumulatedLosses:
         self._losses.append(LossFacts(self._serial, self._batches, self._training_passes, _rescaled(node),
                                       type(node).__name__, loss.detach()))
 
-    def cleared(self, optimizer_names: Any) -> None:
+    def cleared(self, optimizer_names: list[str]) -> None:
         """The gradients of these optimizers were cleared: their cycles start again."""
-        for name in optimizer_names or ():
-            if isinstance(name, str):
-                if self._serial > self._cycle_start.get(name, 0) and self._losses:
-                    self._discarded_pass[name] = self._losses[-1].training_pass
-                self._cycle_start[name] = self._serial
+        for name in optimizer_names:
+            if self._serial > self._cycle_start.get(name, 0) and self._losses:
+                self._discarded_pass[name] = self._losses[-1].training_pass
+            self._cycle_start[name] = self._serial
 
     def cut_by_new_pass(self, optimizer_name: str, cycle: list[LossFacts]) -> bool:
         """At the optimizer's step (asked once a step): whether a clear since its previous

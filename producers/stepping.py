@@ -21,17 +21,8 @@ from typing import Any, Callable
 
 import torch
 
-from invariants.events import (
-    BACKWARD_APIS,
-    GRAD_CLEAR_API,
-    MODULE_ZERO_GRAD,
-    OPTIMIZER_STEP,
-    OPTIMIZER_ZERO_GRAD,
-    PARAM_OVERWRITE,
-    PRODUCER_STATS_META,
-    RUN_END_META,
-    optimizer_id,
-)
+from invariants.events import (BACKWARD_APIS, GRAD_CLEAR_API, MODULE_ZERO_GRAD, OPTIMIZER_STEP, OPTIMIZER_ZERO_GRAD,
+                               PARAM_OVERWRITE, PRODUCER_STATS_META, RUN_END_META, optimizer_id)
 
 from .iterations import Boundary, IterationTracker
 from .call_state import CallToken, InnerSteps, closure_of
@@ -124,13 +115,13 @@ class StepBoundaries:
     def note_clears(self, api: str, extra: dict[str, Any]) -> None:
         """Remember which optimizers a recorded call cleared (their next step says so)."""
         if api == OPTIMIZER_ZERO_GRAD and isinstance(extra.get("obj"), str):
-            self._cleared_since_step.add(extra["obj"])
-            self.contracts.accumulation.cleared([extra["obj"]])
-            self.contracts.foreign_grads.cleared([extra["obj"]])
+            cleared = [extra["obj"]]
         elif api in (MODULE_ZERO_GRAD, GRAD_CLEAR_API):
-            self._cleared_since_step.update(extra.get("clears") or ())
-            self.contracts.accumulation.cleared(extra.get("clears"))
-            self.contracts.foreign_grads.cleared(extra.get("clears"))
+            cleared = [name for name in extra.get("clears") or () if isinstance(name, str)]
+        else:
+            return
+        self._cleared_since_step.update(cleared)
+        self.contracts.cycles_cleared(cleared)
 
     def _record_hand_clears(self) -> None:
         """One ``grad_clear`` call for the hand clears since the last backward or step."""
@@ -256,10 +247,7 @@ class StepBoundaries:
             self.contracts.eval_weights.stepped(optimizer, token.pre_attrs if token else None, just_taken)
             self.loop.optimizer_step_ended()
             self.ownership.optimizer_stepped(optimizer, self.registry.add_optimizer(optimizer))
-            self.contracts.restarts.stepped(optimizer)
-            self.contracts.wasted_grads.step_ended(optimizer)
-            self.contracts.epoch_schedules.optimizer_stepped(optimizer)
-            self.contracts.graph_cuts.stepped()
+            self.contracts.optimizer_step_ended(optimizer)
             decision = self.cycle.after_step(id(optimizer), self.recorder.position)
             if not self.cycle.learnt:
                 # The step may have ended here; keep what its end snapshot would be.
