@@ -289,10 +289,7 @@ DATALOADER_EPOCH = "torch.utils.data.DataLoader.__iter__"
 #: within one pass (an epoch-start clear in a loop that accumulates across epochs);
 #: ``steps_own_grads`` — no backward that changed an optimizer's gradients and fed another
 #: optimizer's step is followed, in the same cycle, by a backward of its own (a
-#: discriminator stepping on what the generator's loss left in it); ``advances_schedule``
-#: — an optimizer that a learning-rate schedule was built over before its previous
-#: training pass starts the next pass with that schedule stepped or its rates moved (a
-#: schedule nothing steps, as under Lightning's manual optimisation).
+#: discriminator stepping on what the generator's loss left in it).
 CONTRACTS: dict[str, str] = {
     "unscaled_grads": CLIP_GRAD_NORM,
     "replaces_weights": MODULE_LOAD_STATE_DICT,
@@ -309,7 +306,6 @@ CONTRACTS: dict[str, str] = {
     "carries_no_epoch_tail": OPTIMIZER_STEP,
     "keeps_cycle_across_epoch": OPTIMIZER_STEP,
     "steps_own_grads": OPTIMIZER_STEP,
-    "advances_schedule": OPTIMIZER_STEP,
     "resumes_schedule": SCHEDULER_STEP,
     "steps_once_per_epoch": SCHEDULER_STEP,
     "compares_like_shapes": TENSOR_BACKWARD,

@@ -12,9 +12,8 @@ which optimizers were resumed from a checkpoint, the training epochs the program
 showed and how often each epoch schedule was stepped, whether a dataset wrote into
 the samples it stores, whether an optimizer stepped since autocast last dropped
 its cached casts, which frozen parameters each optimizer had trained, and each optimizer's longest
-accumulation cycle within one training pass, which optimizers' gradients a backward
-that fed another optimizer's step changed, and which schedules were built over each
-optimizer and whether any was stepped.
+accumulation cycle within one training pass, and which optimizers' gradients a backward
+that fed another optimizer's step changed.
 They live together here so that the tracer holds one object for all of them.
 """
 
@@ -39,7 +38,6 @@ from .optimizer_restarts import OptimizerRestarts
 from .replayed_rngs import ReplayedRngs
 from .sampler_epochs import SamplerEpochs
 from .schedule_resumes import ScheduleResumes
-from .stalled_schedules import StalledSchedules
 from .stored_samples import StoredSamples
 from .unfrozen_params import UnfrozenParams
 from .wasted_grads import WastedGrads
@@ -69,7 +67,6 @@ class ContractFacts:
     frozen_updates: FrozenUpdates
     epoch_tails: EpochTails
     foreign_grads: ForeignGrads
-    stalled_schedules: StalledSchedules
 
     def at_step(self, optimizer: torch.optim.Optimizer, optimizer_name: str,
                 roots: Callable[[], list[torch.nn.Module]], ownership: "ParameterOwnership") -> dict[str, bool | None]:
@@ -93,7 +90,6 @@ class ContractFacts:
             "keeps_stored_samples": self.stored_samples.keeps_stored_samples(optimizer),
             "fresh_autocast_weights": self.autocast_cache.fresh_autocast_weights(optimizer),
             "keeps_frozen_weights": self.frozen_updates.keeps_frozen_weights(optimizer),
-            "advances_schedule": self.stalled_schedules.advances_schedule(optimizer, self.accumulation.training_passes),
         }
 
     def optimizer_step_ended(self, optimizer: torch.optim.Optimizer) -> None:
@@ -114,4 +110,4 @@ class ContractFacts:
                    LearningRates(), WeightRewinds(), UnfrozenParams(), ReplayedRngs(),
                    WastedGrads(), EvalWeights(), AccumulatedLosses(), ScheduleResumes(), EpochSchedules(),
                    StoredSamples(), AutocastCache(), FrozenUpdates(), EpochTails(),
-                   ForeignGrads(), StalledSchedules())
+                   ForeignGrads())

@@ -99,11 +99,6 @@ class AccumulatedLosses:
     def training_pass_begun(self) -> None:
         self._training_passes += 1
 
-    @property
-    def training_passes(self) -> int:
-        """Training DataLoader passes begun so far."""
-        return self._training_passes
-
     def loss_scaled(self, output: Any) -> None:
         """``GradScaler.scale`` returned ``output``: its multiplication is not a rescaling."""
         if isinstance(output, torch.Tensor):

@@ -64,12 +64,11 @@ MIN_POSITIVES_FIRST_FORWARDS = 6
 #: contracts on restores and epochs count them.
 MIN_POSITIVES_RARE_CALLS = 6
 #: Contracts judged once an epoch, whatever API they sit on: an epoch schedule's step
-#: (``StepLR``/``MultiStepLR`` step after each epoch), a training pass's worker start
-#: (workers start afresh each epoch) and an optimizer's first step in a training pass
-#: (whether its schedule advanced over the previous one).  A 6-step reference run holds one to three epochs,
+#: (``StepLR``/``MultiStepLR`` step after each epoch) and a training pass's worker start
+#: (workers start afresh each epoch).  A 6-step reference run holds one to three epochs,
 #: so they count epochs like the restores and epoch starts above; the pipelines, styles
 #: and validation runs they need stay.
-PER_EPOCH_CONTRACTS = frozenset({"steps_once_per_epoch", "fresh_dataset_rng", "advances_schedule"})
+PER_EPOCH_CONTRACTS = frozenset({"steps_once_per_epoch", "fresh_dataset_rng"})
 #: APIs recorded for their contract alone: when and after what a program restores a
 #: state dict or starts an epoch is its own choice, so no other rule may name them
 CONTRACT_ONLY_APIS = frozenset({MODULE_LOAD_STATE_DICT, DATALOADER_EPOCH})

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Mapping
 
-from ..events import CONTRACTS, SCHEDULER_STEP
+from ..events import CONTRACTS
 from ..window import FactPlan
 from .base import Mode, Site, Template
 from .view import WindowView
@@ -56,8 +56,6 @@ DESCRIPTIONS: dict[str, str] = {
                                  "after such a clear is as long as one within a pass)"),
     "steps_own_grads": ("{api} never applies gradients that another optimizer's backward left in its parameters "
                         "together with those of a backward of its own"),
-    "advances_schedule": ("a learning-rate schedule built over an optimizer is stepped, or the rates move, before "
-                          "{api} starts the next training pass (no schedule is left unstepped)"),
     "resumes_schedule": ("{api} never starts a schedule over from epoch 0 for an optimizer resumed from a "
                          "checkpoint"),
     "steps_once_per_epoch": ("{api} of a StepLR/MultiStepLR counts epochs: stepped per iteration it never lowers "
@@ -70,8 +68,6 @@ DESCRIPTIONS: dict[str, str] = {
     "module_clears_used_grads": ("{api} never clears an optimizer's gradients that a backward produced since the "
                                  "last optimizer step before an optimizer used them"),
 }
-#: contracts the producer judges from calls of further APIs, which must be recorded too
-READS_ALSO: dict[str, set[str]] = {"advances_schedule": {SCHEDULER_STEP}}
 WIPED_ACCUMULATION = ("the gradients of a backward were cleared before any optimizer step used them: with gradient "
                       "accumulation only the last micro-batch reaches the update; clear once per optimizer step, "
                       "after it (inside accelerate's accumulate(), call the prepared optimizer's zero_grad, which "
@@ -150,11 +146,6 @@ HINTS: dict[str, str] = {
                         "gradients, and nothing cleared them before this optimizer's own backward: the step "
                         "applies both losses' gradients; call this optimizer's zero_grad() right before its own "
                         "backward, or switch its parameters' requires_grad off for the other loss"),
-    "advances_schedule": ("a learning-rate schedule was built over this optimizer, but a whole training pass went "
-                          "by without any scheduler.step() and the rates never moved: the run trains at the "
-                          "initial rate the schedule was meant to change; call scheduler.step() once an epoch or "
-                          "once an iteration (under Lightning's manual optimisation, step self.lr_schedulers() "
-                          "yourself, e.g. in on_train_epoch_end)"),
     "resumes_schedule": ("the optimizer was resumed from a checkpoint (its state was loaded) but this scheduler "
                          "starts from epoch 0: its state was not saved or not loaded (accelerate saves only prepared or "
                          "registered schedulers), so the warm-up replays and the decay is shifted by the resumed steps; "
@@ -214,8 +205,7 @@ class ApiContract(Template):
         return (contract, api), None
 
     def needs(self, params: Mapping[str, Any]) -> FactPlan:
-        apis = {params["api"]} | READS_ALSO.get(params["contract"], set())
-        return FactPlan(apis=apis, args={}, state_points=set(), state_attrs=set())
+        return FactPlan(apis={params["api"]}, args={}, state_points=set(), state_attrs=set())
 
     def describe(self, params: Mapping[str, Any]) -> str:
         return DESCRIPTIONS[params["contract"]].format(api=params["api"])
