@@ -62,11 +62,16 @@ def skip_reason(tensor: torch.Tensor) -> str | None:
         return "quantized"
     if type(tensor) not in _PLAIN_TYPES and is_traceable_wrapper_subclass(tensor):
         return "subclass"  # its data lives in inner tensors: no bytes of its own to read
-    if tensor.numel() and (tensor.data_ptr() == 0 or (tensor.storage_offset()
-                                                       and tensor.untyped_storage().nbytes() == 0)):
-        # FSDP2 frees an unsharded parameter between uses by resizing its storage to
-        # zero bytes: the tensor keeps its shape, and reading it would fault
-        return "freed"
+    if not tensor.numel():
+        return None
+    try:
+        if tensor.data_ptr() == 0 or (tensor.storage_offset() and tensor.untyped_storage().nbytes() == 0):
+            # FSDP2 frees an unsharded parameter between uses by resizing its storage to
+            # zero bytes: the tensor keeps its shape, and reading it would fault
+            return "freed"
+    except RuntimeError:
+        # torch.func's wrappers (vmap's batched, grad's tracking tensors) have no storage
+        return "no storage"
     return None
 
 

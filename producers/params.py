@@ -37,6 +37,8 @@ class ParameterRegistry:
     def __init__(self) -> None:
         self._roots: list[weakref.ref[torch.nn.Module]] = []
         self._root_ids: set[int] = set()
+        #: roots first seen running on tensors a functional call swapped in for their parameters
+        self._swapped_out: set[int] = set()
         self._optimizers: list[weakref.ref[torch.optim.Optimizer]] = []
         self._optimizer_ids: dict[int, int] = {}
         self._by_id: dict[int, ParamEntry] = {}
@@ -49,11 +51,21 @@ class ParameterRegistry:
     def add_root(self, root: torch.nn.Module) -> dict[int, str]:
         """Remember a root module; returns ``id(submodule) -> path`` for module events."""
         paths = self._module_paths.get(root)
-        if paths is not None:
+        if paths is not None and id(root) not in self._swapped_out:
             return paths
-        paths = {id(module): path for path, module in root.named_modules(remove_duplicate=False)}
-        self._module_paths[root] = paths
-        if id(root) not in self._root_ids and any(True for _ in root.parameters()):
+        if paths is None:
+            paths = {id(module): path for path, module in root.named_modules(remove_duplicate=False)}
+            self._module_paths[root] = paths
+        if id(root) in self._root_ids:
+            return paths
+        parameters = list(root.parameters())
+        if any(not isinstance(param, torch.nn.Parameter) for param in parameters):
+            # ``torch.func.functional_call`` runs the module on tensors it swapped in for
+            # the call (under ``vmap``/``grad``, wrappers without storage of their own):
+            # its own parameters are indexed at a forward that runs on them
+            self._swapped_out.add(id(root))
+        elif parameters:
+            self._swapped_out.discard(id(root))
             self._root_ids.add(id(root))
             self._roots.append(weakref.ref(root))
             self._index_root(root, len(self._roots) - 1)

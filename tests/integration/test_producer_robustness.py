@@ -129,3 +129,31 @@ def test_kafka_security_settings_come_from_the_environment():
         "ssl_cafile": "/ca.pem",
     }
     assert kafka_settings_from_env({}) == {}
+
+
+def test_torch_func_calls_neither_lose_the_trace_nor_index_swapped_tensors(tmp_path, capsys):
+    """``functional_call`` under ``vmap(grad(...))`` runs the model on wrappers that have
+    no storage; the model's own parameters are indexed at the first forward that runs on
+    them, and the session ends with its trace written and no internal error."""
+    from torch.func import functional_call, grad, vmap
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    params = {name: param.detach() for name, param in model.named_parameters()}
+
+    def loss_of(weights, x, y):
+        return ((functional_call(model, weights, (x.unsqueeze(0),)) - y) ** 2).mean()
+
+    per_sample = vmap(grad(loss_of), in_dims=(None, 0, 0))
+    with producers.instrument(run_id="r-func", trace_dir=tmp_path, quiet=True) as session:
+        for _ in range(3):
+            grads = per_sample(params, torch.randn(5, 4), torch.randn(5, 1))
+            with torch.no_grad():
+                for name, tensor in params.items():
+                    tensor.sub_(0.1 * grads[name].mean(0))
+        model(torch.randn(2, 4))
+        names = {entry.name for entry in session.tracer.registry.all_entries()}
+        errors = session.tracer.internal_errors
+    assert errors == 0, capsys.readouterr().err
+    assert names == {name for name, _ in model.named_parameters()}
+    assert trace_batches(tmp_path)
