@@ -340,5 +340,9 @@ class StepBoundaries:
         )
         # The last iteration of a loop without an optimizer, or a process that never
         # trained, is judged on its parameters too; an optimizer run's tail is not.
-        states = self._end_states() if (setup or trained) else []
+        try:
+            states = self._end_states() if (setup or trained) else []
+        except Exception as exc:  # the window's events still go out, without the snapshot
+            self.internal_error("final snapshot", exc)
+            states = []
         self._end_step(states=states, final=True, setup=setup, trained=trained, boundary="close")

@@ -157,3 +157,16 @@ def test_torch_func_calls_neither_lose_the_trace_nor_index_swapped_tensors(tmp_p
     assert errors == 0, capsys.readouterr().err
     assert names == {name for name, _ in model.named_parameters()}
     assert trace_batches(tmp_path)
+
+
+def test_a_failing_final_snapshot_still_writes_the_last_window(tmp_path, capsys, monkeypatch):
+    """A run that never stepped an optimizer is one open window until the session ends;
+    an error in its final snapshot is counted, and the window goes out without it."""
+    model = nn.Linear(4, 1)
+    with producers.instrument(run_id="r-tail", trace_dir=tmp_path, quiet=True) as session:
+        monkeypatch.setattr(type(session.tracer), "_end_states", lambda self, *a, **k: 1 / 0)
+        for _ in range(3):
+            model(torch.randn(2, 4)).sum().backward()
+    kinds = [event["kind"] for batch in trace_batches(tmp_path) for event in batch["events"]]
+    assert "call" in kinds and "meta" in kinds
+    assert "final snapshot" in capsys.readouterr().err
