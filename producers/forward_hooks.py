@@ -70,7 +70,9 @@ class ForwardHooks:
             name, mtype = self._forward_names(type(module))
             ctx = self._ctx()
             if self._parameter_free(module):
-                ctx["no_params"] = True
+                # a parametrization (weight_norm, orthogonal) reshapes a weight, not a batch
+                if not (args and isinstance(args[0], torch.nn.Parameter)):
+                    ctx["no_params"] = True
             elif depth and ctx["grad"] and id(module) not in tls.root_paths and self.ownership.trains_none_of(module):
                 # run inside a model that does not register it (layers kept in a plain
                 # list), with trainable parameters no optimizer holds: never trained

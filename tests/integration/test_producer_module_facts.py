@@ -119,3 +119,20 @@ def test_forwards_of_modules_without_parameters_say_so_and_models_do_not(tmp_pat
             optimizer.step()
     flags = {event["mtype"]: event["ctx"].get("no_params") for _, event in _forward_pres(tmp_path)}
     assert flags == {"Normalise": True, "Sequential": None, "Linear": None, "ReLU": True}
+
+
+def test_a_parametrization_is_not_taken_for_a_parameter_free_batch_transform(tmp_path):
+    """``weight_norm`` as a parametrization runs a parameter-free module on the weight's
+    originals (``g`` of shape ``(1, 1, k)`` in, the ``(c, 1, k)`` weight out): it reshapes a
+    weight, not a batch (Wav2Vec2's positional convolution)."""
+    from torch.nn.utils.parametrizations import weight_norm
+
+    with producers.instrument(run_id="r-param", trace_dir=tmp_path, quiet=True):
+        conv = weight_norm(nn.Conv1d(4, 4, 3, padding=1, groups=2), dim=2)
+        optimizer = torch.optim.SGD(conv.parameters(), lr=0.1)
+        for _ in range(2):
+            optimizer.zero_grad()
+            conv(torch.randn(3, 4, 5)).sum().backward()
+            optimizer.step()
+    flags = {event["mtype"]: event["ctx"].get("no_params") for _, event in _forward_pres(tmp_path)}
+    assert "_WeightNorm" in flags and flags["_WeightNorm"] is None
