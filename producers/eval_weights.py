@@ -21,13 +21,18 @@ evaluation (one pass over the optimizer's parameters per evaluation).  Not judge
 steps whose neighbours were not snapshotted (sampling), digests not yet read back from
 an accelerator, parameters several live optimizers hold, and an optimizer whose state
 ``Optimizer.load_state_dict`` restored since (a resume restores weights and moments
-together).  The contract is ``keeps_weights_after_eval`` on ``Optimizer.step``.
+together).  Weights the optimizer itself left at its step before an earlier
+evaluation are fine too: a "best" checkpoint taken after an evaluation and restored
+after a worse one (newbob-style rollback, early stopping with patience) puts back
+weights the optimizer trained, never averaged ones.  The contract is
+``keeps_weights_after_eval`` on ``Optimizer.step``.
 """
 
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
@@ -49,6 +54,8 @@ def _unchanged(before: Digests, now: Digests) -> bool:
 
 #: parameters compared in every interval without an evaluation (evenly spread)
 SAMPLED_PARAMETERS = 16
+#: evaluations back to which a restored "best" checkpoint is recognised
+REMEMBERED_EVALUATIONS = 32
 
 
 def _sample_unchanged(before: Snapshot, now: Snapshot) -> bool:
@@ -79,6 +86,8 @@ class _Steps:
     #: the calm interval not sampled yet: compared at the next step or judgement, once
     #: digests computed on an accelerator have been read back
     unsampled: tuple[Snapshot, Snapshot] | None = None
+    #: the weights it left before each of its latest evaluations (what a best checkpoint holds)
+    before_evaluations: "deque[Digests]" = field(default_factory=lambda: deque(maxlen=REMEMBERED_EVALUATIONS))
 
 
 class EvalWeights:
@@ -113,7 +122,11 @@ class EvalWeights:
             return None
         if steps.calm is None or not _unchanged(_digests_of(steps.calm[0]), _digests_of(steps.calm[1])):
             return None  # weights change between steps anyway, or no calm interval was seen
-        return _unchanged(_digests_of(steps.post), digest_now())
+        left, now = _digests_of(steps.post), digest_now()
+        kept = _unchanged(left, now) or any(
+            _unchanged(earlier, now) and not earlier.keys().isdisjoint(now) for earlier in steps.before_evaluations)
+        steps.before_evaluations.append(left)
+        return kept
 
     def stepped(self, optimizer: torch.optim.Optimizer, pre: Snapshot | None, post: Snapshot | None) -> None:
         """After a step, with its pre- and post-step snapshots (None: not taken)."""

@@ -114,3 +114,38 @@ def test_weights_changed_every_few_steps_are_not_judged_even_when_the_latest_int
     # the evaluation follows the 4th step, a sync; the interval before it (3 -> 4) was calm
     verdicts = _train_evaluate_train(tmp_path, lambda model, *_: _evaluate(model), after_step=lookahead_sync)
     assert set(verdicts) == {None}
+
+
+def test_a_best_checkpoint_restored_after_a_worse_evaluation_keeps_the_contract(tmp_path):
+    """Newbob-style rollback: the weights kept after one evaluation (a deep copy) are
+    loaded back after a later, worse one; they are weights the optimizer left at a step.
+    EMA weights copied in at the same place still break it."""
+    import copy
+
+    def run(restore_ema: bool) -> list:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1))
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+        shadow = copy.deepcopy(model)
+        with producers.instrument(run_id="r-best", trace_dir=tmp_path / str(restore_ema), quiet=True):
+            best = None
+            for epoch in range(3):
+                model.train()
+                for _ in range(3):
+                    optimizer.zero_grad()
+                    model(torch.randn(8, 4)).pow(2).mean().backward()
+                    optimizer.step()
+                    with torch.no_grad():
+                        for averaged, p in zip(shadow.parameters(), model.parameters()):
+                            averaged.lerp_(p, 0.1)
+                _evaluate(model)
+                if epoch == 0:
+                    best = copy.deepcopy(model.state_dict())
+                elif restore_ema:
+                    model.load_state_dict(shadow.state_dict())
+                else:
+                    model.load_state_dict(best)  # this epoch was worse: back to the best
+        return _verdicts(tmp_path / str(restore_ema))
+
+    assert run(restore_ema=False) == [None] * 3 + [True, None, None, True, None, None]
+    assert run(restore_ema=True)[6] is False
