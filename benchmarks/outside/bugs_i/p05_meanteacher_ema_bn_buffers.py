@@ -13,7 +13,6 @@ pseudo-labels for a consistency loss on noised unlabeled images.  The first opti
 uses the teacher is the first wrong one.  ``--healthy`` also carries the buffers over.
 """
 import argparse
-import math
 
 import torch
 import torch.nn as nn

@@ -16,7 +16,6 @@ labelled nodes; the first ``--unfreeze-at`` steps train only the classifier head
 uses the learning-rate freezing of the fix.
 """
 import argparse
-import os
 
 import torch
 import torch.distributed as dist

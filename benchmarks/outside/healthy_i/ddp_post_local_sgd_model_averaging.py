@@ -19,7 +19,6 @@ What is unusual about the loop (all intentional):
   * a final explicit all-reduce average makes the replicas identical before rank 0
     evaluates.
 """
-import os
 import time
 
 import torch

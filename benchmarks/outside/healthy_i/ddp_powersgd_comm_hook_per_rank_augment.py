@@ -74,7 +74,7 @@ def augment(x, gen):
 
 def main():
     dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
 
     torch.manual_seed(SEED)
     model = DDP(ConvNet())
