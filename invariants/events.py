@@ -289,7 +289,10 @@ DATALOADER_EPOCH = "torch.utils.data.DataLoader.__iter__"
 #: within one pass (an epoch-start clear in a loop that accumulates across epochs);
 #: ``steps_own_grads`` — no backward that changed an optimizer's gradients and fed another
 #: optimizer's step is followed, in the same cycle, by a backward of its own (a
-#: discriminator stepping on what the generator's loss left in it).
+#: discriminator stepping on what the generator's loss left in it); ``evaluates_fitted_norm``
+#: — a BatchNorm forward in evaluation mode without gradients does not normalise with
+#: running statistics still at their initial values while its affine parameters hold
+#: learned ones (an EMA teacher or weight copy that averaged parameters but not buffers).
 CONTRACTS: dict[str, str] = {
     "unscaled_grads": CLIP_GRAD_NORM,
     "replaces_weights": MODULE_LOAD_STATE_DICT,
@@ -310,6 +313,7 @@ CONTRACTS: dict[str, str] = {
     "steps_once_per_epoch": SCHEDULER_STEP,
     "compares_like_shapes": TENSOR_BACKWARD,
     "frozen_norm_keeps_stats": MODULE_FORWARD,
+    "evaluates_fitted_norm": MODULE_FORWARD,
     "reshuffles_each_epoch": DATALOADER_EPOCH,
     "fresh_dataset_rng": WORKER_INIT_API,
     "clears_used_grads": OPTIMIZER_ZERO_GRAD,

@@ -13,7 +13,8 @@ showed and how often each epoch schedule was stepped, whether a dataset wrote in
 the samples it stores, whether an optimizer stepped since autocast last dropped
 its cached casts, which frozen parameters each optimizer had trained, and each optimizer's longest
 accumulation cycle within one training pass, and which optimizers' gradients a backward
-that fed another optimizer's step changed.
+that fed another optimizer's step changed, and which BatchNorm layers' statistics were
+seen fitted.
 They live together here so that the tracer holds one object for all of them.
 """
 
@@ -28,6 +29,7 @@ from .amp_scaling import LossScaleTracker
 from .autocast_cache import AutocastCache
 from .epoch_schedules import EpochSchedules
 from .epoch_tails import EpochTails
+from .fitted_norms import FittedNorms
 from .eval_weights import EvalWeights
 from .foreign_grads import ForeignGrads
 from .frozen_updates import FrozenUpdates
@@ -67,6 +69,7 @@ class ContractFacts:
     frozen_updates: FrozenUpdates
     epoch_tails: EpochTails
     foreign_grads: ForeignGrads
+    fitted_norms: FittedNorms
 
     def at_step(self, optimizer: torch.optim.Optimizer, optimizer_name: str,
                 roots: Callable[[], list[torch.nn.Module]], ownership: "ParameterOwnership") -> dict[str, bool | None]:
@@ -110,4 +113,4 @@ class ContractFacts:
                    LearningRates(), WeightRewinds(), UnfrozenParams(), ReplayedRngs(),
                    WastedGrads(), EvalWeights(), AccumulatedLosses(), ScheduleResumes(), EpochSchedules(),
                    StoredSamples(), AutocastCache(), FrozenUpdates(), EpochTails(),
-                   ForeignGrads())
+                   ForeignGrads(), FittedNorms())

@@ -15,6 +15,7 @@ import weakref
 from typing import Any
 
 import torch
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from invariants.events import MODULE_FORWARD
 
@@ -60,6 +61,8 @@ class ForwardHooks:
                     if model.training and torch.is_grad_enabled():
                         self.contracts.autocast_cache.training_forward(self._autocast_devices)
                         self.root_forward_signal()
+                elif self.registry.runs_swapped_out(module) and module.training and torch.is_grad_enabled():
+                    self.root_forward_signal()  # a model under torch.func.functional_call
             if torch.is_grad_enabled() or tls.checkpointed or tls.cut_checkpointed:
                 self.contracts.graph_cuts.ran(module)
             if not self._record_forward:
@@ -81,6 +84,11 @@ class ForwardHooks:
                 keeps = keeps_frozen_statistics(module, self.ownership.held_only_while_toggled_off)
                 if keeps is not None:
                     ctx["contract"] = {"frozen_norm_keeps_stats": keeps}
+            elif not module.training and not ctx["grad"] and isinstance(module, _BatchNorm):
+                with tls.own_work():  # reading its statistics is ours, not the user's
+                    fitted = self.contracts.fitted_norms.evaluates_fitted_statistics(module)
+                if fitted is not None:
+                    ctx["contract"] = {"evaluates_fitted_norm": fitted}
             if self._first_forwards.is_first(module):
                 with tls.own_work():  # its torch work (spectral-norm check) is ours, not the user's
                     ctx.update(first_forward_context(module))

@@ -46,6 +46,7 @@ from .patching import PatchHandle, patch_attribute
 from .probabilities import install_probability_marks
 from .loss_averaging import count_batches
 from .loss_shapes import compares_like_shapes
+from .functional_grads import patch_functional_grads
 from .sampler_epochs import patch_dataloader_epochs
 from .stored_samples import patch_dataset_fetches
 from .selection import COLLECTIVES, DROPOUT_FUNCTIONS, INIT_FUNCTIONS, LOSS_FUNCTIONS, Selection
@@ -301,6 +302,7 @@ def install(tracer: Tracer, selection: Selection, on_rank_change: Callable[[], N
         handles += tracer.contracts.schedule_resumes.install()
     if selection.wants(DATALOADER_EPOCH) or selection.wants(SCHEDULER_STEP):
         handles.append(patch_dataloader_epochs(tracer, judge_samplers=selection.wants(DATALOADER_EPOCH)))
+    handles += patch_functional_grads(tracer)
     handles.append(patch_jit_script(list(handles)))
     mode_targets = _mode_targets(selection)
     if selection.full or mode_targets:

@@ -31,6 +31,17 @@ def optimizer_param_ids(optimizer: torch.optim.Optimizer) -> frozenset[int]:
     return frozenset(id(p) for group in optimizer.param_groups for p in group.get("params", ()))
 
 
+def _address(tensor: torch.Tensor) -> int | None:
+    """Where a tensor's data starts; None for empty and meta tensors and for torch.func's
+    wrappers (vmap's batched, grad's tracking tensors), which have no storage."""
+    if not tensor.numel() or tensor.device.type == "meta":
+        return None
+    try:
+        return tensor.data_ptr()
+    except RuntimeError:
+        return None
+
+
 class ParameterOwnership:
     """Optimizer membership, trained and loaded parameters and ``.data`` aliases of one process."""
 
@@ -47,18 +58,18 @@ class ParameterOwnership:
     def remember(self, param: torch.Tensor) -> None:
         """Know ``param`` by its address too (from the global registration hook at model
         build, and from every re-read of the model's names)."""
-        if param.numel() and param.device.type != "meta":
-            self._by_address[param.data_ptr()] = weakref.ref(param)
+        address = _address(param)
+        if address is not None:
+            self._by_address[address] = weakref.ref(param)
 
     def parameter_of(self, tensor: torch.Tensor) -> torch.Tensor | None:
         """The parameter ``tensor`` is, or aliases through ``.data`` (same storage and shape)."""
         if isinstance(tensor, torch.nn.Parameter):
             return tensor
-        if not tensor.numel() or tensor.device.type == "meta":
-            return None
-        ref = self._by_address.get(tensor.data_ptr())
+        address = _address(tensor)
+        ref = self._by_address.get(address) if address is not None else None
         param = ref() if ref is not None else None
-        if param is not None and param.shape == tensor.shape and param.data_ptr() == tensor.data_ptr():
+        if param is not None and param.shape == tensor.shape and _address(param) == address:
             return param
         return None
 

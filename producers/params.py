@@ -71,6 +71,10 @@ class ParameterRegistry:
             self._index_root(root, len(self._roots) - 1)
         return paths
 
+    def runs_swapped_out(self, module: torch.nn.Module) -> bool:
+        """A root seen only running on tensors a functional call swapped in for its parameters."""
+        return id(module) in self._swapped_out
+
     def roots(self) -> list[torch.nn.Module]:
         return [root for root in (ref() for ref in self._roots) if root is not None]
 

@@ -94,6 +94,13 @@ class StepBoundaries:
         self._tail_start = None
         self._apply(decision)
 
+    def functional_gradients_computed(self) -> None:
+        """A ``torch.func`` gradient transform returned (`producers.functional_grads`)."""
+        if not self._stepping:
+            self._backward_ran = self._backward_since_step = True
+            self._tail_start = None
+            self._apply(self.loop.backward(self.recorder.position))
+
     def grad_cleared_by_hand(self, param: torch.Tensor) -> None:
         """``param.grad = None`` or ``param.grad.zero_()`` written by user code: the
         first such clear since the last backward is a loop signal, like ``zero_grad`` —

@@ -56,6 +56,8 @@ DESCRIPTIONS: dict[str, str] = {
                                  "after such a clear is as long as one within a pass)"),
     "steps_own_grads": ("{api} never applies gradients that another optimizer's backward left in its parameters "
                         "together with those of a backward of its own"),
+    "evaluates_fitted_norm": ("a BatchNorm layer with learned affine parameters never runs {api} in evaluation "
+                              "mode on running statistics still at their initial values (mean 0, variance 1)"),
     "resumes_schedule": ("{api} never starts a schedule over from epoch 0 for an optimizer resumed from a "
                          "checkpoint"),
     "steps_once_per_epoch": ("{api} of a StepLR/MultiStepLR counts epochs: stepped per iteration it never lowers "
@@ -146,6 +148,12 @@ HINTS: dict[str, str] = {
                         "gradients, and nothing cleared them before this optimizer's own backward: the step "
                         "applies both losses' gradients; call this optimizer's zero_grad() right before its own "
                         "backward, or switch its parameters' requires_grad off for the other loss"),
+    "evaluates_fitted_norm": ("this BatchNorm layer holds learned scale and shift but its running mean and variance "
+                              "were never fitted: weights were copied or averaged parameter by parameter (an EMA or "
+                              "mean teacher over model.parameters(), an AveragedModel without update_bn, a checkpoint "
+                              "of named_parameters()) and the buffers were left behind; copy or average the buffers "
+                              "too (model.buffers(), use_buffers=True, load the full state_dict) or run "
+                              "torch.optim.swa_utils.update_bn before evaluating"),
     "resumes_schedule": ("the optimizer was resumed from a checkpoint (its state was loaded) but this scheduler "
                          "starts from epoch 0: its state was not saved or not loaded (accelerate saves only prepared or "
                          "registered schedulers), so the warm-up replays and the decay is shifted by the resumed steps; "
