@@ -292,7 +292,10 @@ DATALOADER_EPOCH = "torch.utils.data.DataLoader.__iter__"
 #: discriminator stepping on what the generator's loss left in it); ``evaluates_fitted_norm``
 #: — a BatchNorm forward in evaluation mode without gradients does not normalise with
 #: running statistics still at their initial values while its affine parameters hold
-#: learned ones (an EMA teacher or weight copy that averaged parameters but not buffers).
+#: learned ones (an EMA teacher or weight copy that averaged parameters but not buffers);
+#: ``steps_schedule_with_optimizer`` — the rates an optimizer step uses were not moved since
+#: its previous step by a schedule stepped more than once in between (a schedule stepped
+#: on every micro-batch of gradient accumulation, or twice an epoch).
 CONTRACTS: dict[str, str] = {
     "unscaled_grads": CLIP_GRAD_NORM,
     "replaces_weights": MODULE_LOAD_STATE_DICT,
@@ -309,6 +312,7 @@ CONTRACTS: dict[str, str] = {
     "carries_no_epoch_tail": OPTIMIZER_STEP,
     "keeps_cycle_across_epoch": OPTIMIZER_STEP,
     "steps_own_grads": OPTIMIZER_STEP,
+    "steps_schedule_with_optimizer": OPTIMIZER_STEP,
     "resumes_schedule": SCHEDULER_STEP,
     "steps_once_per_epoch": SCHEDULER_STEP,
     "compares_like_shapes": TENSOR_BACKWARD,

@@ -24,10 +24,12 @@ from .patching import PatchHandle, patch_attribute
 
 
 class LossScaleTracker:
-    """Knows whether a ``scale`` happened since the last ``unscale_`` or ``update``."""
+    """Knows whether a ``scale`` happened since the last ``unscale_`` or ``update``, and
+    how many ``update`` calls there were (one per attempted step, skipped or not)."""
 
     def __init__(self) -> None:
         self.scaled = False
+        self.updates = 0
         self._on_scaled: Callable[[Any], None] = lambda output: None
 
     def install(self, on_scaled: Callable[[Any], None]) -> list[PatchHandle]:
@@ -38,7 +40,7 @@ class LossScaleTracker:
         return [
             patch_attribute(scaler, "scale", self._after(self._scaled)),
             patch_attribute(scaler, "unscale_", self._after(self._unscaled)),
-            patch_attribute(scaler, "update", self._after(self._unscaled)),
+            patch_attribute(scaler, "update", self._after(self._updated)),
         ]
 
     def _scaled(self, scaler: Any, output: Any) -> None:
@@ -48,6 +50,10 @@ class LossScaleTracker:
 
     def _unscaled(self, scaler: Any, result: Any) -> None:
         self.scaled = False
+
+    def _updated(self, scaler: Any, result: Any) -> None:
+        self.scaled = False
+        self.updates += 1
 
     @staticmethod
     def _after(note: Callable[[Any, Any], None]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

@@ -14,7 +14,7 @@ the samples it stores, whether an optimizer stepped since autocast last dropped
 its cached casts, which frozen parameters each optimizer had trained, and each optimizer's longest
 accumulation cycle within one training pass, and which optimizers' gradients a backward
 that fed another optimizer's step changed, and which BatchNorm layers' statistics were
-seen fitted.
+seen fitted, and how often each schedule was stepped since its optimizer's latest step.
 They live together here so that the tracer holds one object for all of them.
 """
 
@@ -39,6 +39,7 @@ from .loss_averaging import AccumulatedLosses
 from .optimizer_restarts import OptimizerRestarts
 from .replayed_rngs import ReplayedRngs
 from .sampler_epochs import SamplerEpochs
+from .schedule_cadence import ScheduleCadence
 from .schedule_resumes import ScheduleResumes
 from .stored_samples import StoredSamples
 from .unfrozen_params import UnfrozenParams
@@ -70,6 +71,7 @@ class ContractFacts:
     epoch_tails: EpochTails
     foreign_grads: ForeignGrads
     fitted_norms: FittedNorms
+    schedule_cadence: ScheduleCadence
 
     def at_step(self, optimizer: torch.optim.Optimizer, optimizer_name: str,
                 roots: Callable[[], list[torch.nn.Module]], ownership: "ParameterOwnership") -> dict[str, bool | None]:
@@ -93,6 +95,8 @@ class ContractFacts:
             "keeps_stored_samples": self.stored_samples.keeps_stored_samples(optimizer),
             "fresh_autocast_weights": self.autocast_cache.fresh_autocast_weights(optimizer),
             "keeps_frozen_weights": self.frozen_updates.keeps_frozen_weights(optimizer),
+            "steps_schedule_with_optimizer": self.schedule_cadence.steps_schedule_with_optimizer(
+                optimizer, self.loss_scale.updates),
         }
 
     def optimizer_step_ended(self, optimizer: torch.optim.Optimizer) -> None:
@@ -113,4 +117,4 @@ class ContractFacts:
                    LearningRates(), WeightRewinds(), UnfrozenParams(), ReplayedRngs(),
                    WastedGrads(), EvalWeights(), AccumulatedLosses(), ScheduleResumes(), EpochSchedules(),
                    StoredSamples(), AutocastCache(), FrozenUpdates(), EpochTails(),
-                   ForeignGrads(), FittedNorms())
+                   ForeignGrads(), FittedNorms(), ScheduleCadence())

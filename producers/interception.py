@@ -227,6 +227,7 @@ def _begin(
             like = compares_like_shapes(args[0])
             contract = None if like is None else {"compares_like_shapes": like}
         elif spec.api == SCHEDULER_STEP:
+            tracer.contracts.schedule_cadence.scheduler_stepped(args[0])
             judged = {
                 "resumes_schedule": tracer.contracts.schedule_resumes.resumes_schedule(args[0]),
                 "steps_once_per_epoch": tracer.contracts.epoch_schedules.steps_once_per_epoch(args[0], args, kwargs),

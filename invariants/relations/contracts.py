@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Mapping
 
-from ..events import CONTRACTS
+from ..events import CONTRACTS, SCHEDULER_STEP
 from ..window import FactPlan
 from .base import Mode, Site, Template
 from .view import WindowView
@@ -58,6 +58,8 @@ DESCRIPTIONS: dict[str, str] = {
                         "together with those of a backward of its own"),
     "evaluates_fitted_norm": ("a BatchNorm layer with learned affine parameters never runs {api} in evaluation "
                               "mode on running statistics still at their initial values (mean 0, variance 1)"),
+    "steps_schedule_with_optimizer": ("{api} never uses rates that a learning-rate schedule moved after being "
+                                      "stepped more than once since the optimizer's previous step"),
     "resumes_schedule": ("{api} never starts a schedule over from epoch 0 for an optimizer resumed from a "
                          "checkpoint"),
     "steps_once_per_epoch": ("{api} of a StepLR/MultiStepLR counts epochs: stepped per iteration it never lowers "
@@ -70,6 +72,8 @@ DESCRIPTIONS: dict[str, str] = {
     "module_clears_used_grads": ("{api} never clears an optimizer's gradients that a backward produced since the "
                                  "last optimizer step before an optimizer used them"),
 }
+#: contracts the producer judges from calls of further APIs, which must be recorded too
+READS_ALSO: dict[str, set[str]] = {"steps_schedule_with_optimizer": {SCHEDULER_STEP}}
 WIPED_ACCUMULATION = ("the gradients of a backward were cleared before any optimizer step used them: with gradient "
                       "accumulation only the last micro-batch reaches the update; clear once per optimizer step, "
                       "after it (inside accelerate's accumulate(), call the prepared optimizer's zero_grad, which "
@@ -154,6 +158,12 @@ HINTS: dict[str, str] = {
                               "of named_parameters()) and the buffers were left behind; copy or average the buffers "
                               "too (model.buffers(), use_buffers=True, load the full state_dict) or run "
                               "torch.optim.swa_utils.update_bn before evaluating"),
+    "steps_schedule_with_optimizer": ("the learning-rate schedule was stepped several times between two steps of "
+                                      "its optimizer and has moved the rate: it runs that many times too fast (a "
+                                      "schedule stepped on every micro-batch of gradient accumulation, or in the "
+                                      "batch loop and again at the epoch's end); step it once per optimizer step "
+                                      "(inside the 'if (i + 1) % k == 0' block, or pass it to accelerator.prepare, "
+                                      "which skips accumulating micro-steps)"),
     "resumes_schedule": ("the optimizer was resumed from a checkpoint (its state was loaded) but this scheduler "
                          "starts from epoch 0: its state was not saved or not loaded (accelerate saves only prepared or "
                          "registered schedulers), so the warm-up replays and the decay is shifted by the resumed steps; "
@@ -213,7 +223,8 @@ class ApiContract(Template):
         return (contract, api), None
 
     def needs(self, params: Mapping[str, Any]) -> FactPlan:
-        return FactPlan(apis={params["api"]}, args={}, state_points=set(), state_attrs=set())
+        apis = {params["api"]} | READS_ALSO.get(params["contract"], set())
+        return FactPlan(apis=apis, args={}, state_points=set(), state_attrs=set())
 
     def describe(self, params: Mapping[str, Any]) -> str:
         return DESCRIPTIONS[params["contract"]].format(api=params["api"])
