@@ -295,7 +295,10 @@ DATALOADER_EPOCH = "torch.utils.data.DataLoader.__iter__"
 #: learned ones (an EMA teacher or weight copy that averaged parameters but not buffers);
 #: ``steps_schedule_with_optimizer`` — the rates an optimizer step uses were not moved since
 #: its previous step by a schedule stepped more than once in between (a schedule stepped
-#: on every micro-batch of gradient accumulation, or twice an epoch).
+#: on every micro-batch of gradient accumulation, or twice an epoch);
+#: ``rescales_groups_alike`` — rates written by hand between two steps of an optimizer (no
+#: schedule stepped) never raise a positive group's rate while lowering another's (one
+#: rate written into every group of a discriminative setup).
 CONTRACTS: dict[str, str] = {
     "unscaled_grads": CLIP_GRAD_NORM,
     "replaces_weights": MODULE_LOAD_STATE_DICT,
@@ -313,6 +316,7 @@ CONTRACTS: dict[str, str] = {
     "keeps_cycle_across_epoch": OPTIMIZER_STEP,
     "steps_own_grads": OPTIMIZER_STEP,
     "steps_schedule_with_optimizer": OPTIMIZER_STEP,
+    "rescales_groups_alike": OPTIMIZER_STEP,
     "resumes_schedule": SCHEDULER_STEP,
     "steps_once_per_epoch": SCHEDULER_STEP,
     "compares_like_shapes": TENSOR_BACKWARD,

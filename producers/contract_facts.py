@@ -77,6 +77,7 @@ class ContractFacts:
                 roots: Callable[[], list[torch.nn.Module]], ownership: "ParameterOwnership") -> dict[str, bool | None]:
         """The contracts judged at an optimizer step, before its ``pre`` event."""
         cycle = self.accumulation.take_cycle(optimizer_name)
+        cadence, alike = self.schedule_cadence.judge_step(optimizer, self.loss_scale.updates)
         return {
             "keeps_optimizer_state": self.restarts.keeps_state(optimizer),
             "grads_reach_what_ran": self.graph_cuts.reaches_what_ran(optimizer, roots),
@@ -95,8 +96,8 @@ class ContractFacts:
             "keeps_stored_samples": self.stored_samples.keeps_stored_samples(optimizer),
             "fresh_autocast_weights": self.autocast_cache.fresh_autocast_weights(optimizer),
             "keeps_frozen_weights": self.frozen_updates.keeps_frozen_weights(optimizer),
-            "steps_schedule_with_optimizer": self.schedule_cadence.steps_schedule_with_optimizer(
-                optimizer, self.loss_scale.updates),
+            "steps_schedule_with_optimizer": cadence,
+            "rescales_groups_alike": alike,
         }
 
     def optimizer_step_ended(self, optimizer: torch.optim.Optimizer) -> None:

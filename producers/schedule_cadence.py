@@ -17,6 +17,15 @@ fast-forward its schedule first), steps a ``GradScaler`` skipped (each ``update`
 as an attempted step), the extra calls accelerate's ``AcceleratedScheduler`` makes on
 purpose (one per process, for a dataloader sharded across them), and rates that are not
 plain numbers.
+
+Rates written by hand between two steps (no schedule stepped) are judged too, by
+``rescales_groups_alike``: such a change moves every parameter group's rate the same
+way.  A decay helper that writes one rate into every group (``for g in
+optimizer.param_groups: g["lr"] = lr``, PENet issue 29) raises the smaller rates of a
+discriminative setup (a backbone at a tenth of the head's rate) while it lowers the
+larger ones, and the ratio the groups were built with is gone.  Decays, warm-ups and
+restarts written by hand move all groups alike, and a group unfrozen from rate 0 may
+rise while the others fall.
 """
 
 from __future__ import annotations
@@ -65,8 +74,9 @@ class ScheduleCadence:
         calls = self._calls.setdefault(optimizer, {})
         calls[id(scheduler)] = calls.get(id(scheduler), 0) + 1
 
-    def steps_schedule_with_optimizer(self, optimizer: torch.optim.Optimizer, scaler_updates: int) -> bool | None:
-        """Judged before each step of ``optimizer`` (None: not judged)."""
+    def judge_step(self, optimizer: torch.optim.Optimizer, scaler_updates: int) -> tuple[bool | None, bool | None]:
+        """``steps_schedule_with_optimizer`` and ``rescales_groups_alike``, judged before
+        each step of ``optimizer`` (None: not judged)."""
         rates = plain_rates(optimizer)
         previous = self._rates.get(optimizer)
         updates_before = self._updates_at_step.get(optimizer, scaler_updates)
@@ -74,9 +84,21 @@ class ScheduleCadence:
         self._updates_at_step[optimizer] = scaler_updates
         if rates is None:
             self._rates.pop(optimizer, None)
-            return None
+            return None, None
         self._rates[optimizer] = rates
-        if previous is None or not calls:
-            return None
-        attempted = max(1, scaler_updates - updates_before)
-        return rates == previous or max(calls.values()) <= attempted
+        if previous is None or len(previous) != len(rates):
+            return None, None
+        if calls:
+            attempted = max(1, scaler_updates - updates_before)
+            return rates == previous or max(calls.values()) <= attempted, None
+        return None, _moved_alike(previous, rates)
+
+
+def _moved_alike(previous: list[float], rates: list[float]) -> bool | None:
+    """Whether rates written by hand since the previous step (no schedule stepped) raised
+    no positive group's rate while lowering another's (None: a single group)."""
+    if len(rates) < 2:
+        return None
+    raised = any(0 < before < now for before, now in zip(previous, rates))
+    lowered = any(now < before for before, now in zip(previous, rates))
+    return not (raised and lowered)

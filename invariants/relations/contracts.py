@@ -60,6 +60,8 @@ DESCRIPTIONS: dict[str, str] = {
                               "mode on running statistics still at their initial values (mean 0, variance 1)"),
     "steps_schedule_with_optimizer": ("{api} never uses rates that a learning-rate schedule moved after being "
                                       "stepped more than once since the optimizer's previous step"),
+    "rescales_groups_alike": ("{api} never follows learning rates written by hand that raised one parameter "
+                              "group's rate while lowering another's"),
     "resumes_schedule": ("{api} never starts a schedule over from epoch 0 for an optimizer resumed from a "
                          "checkpoint"),
     "steps_once_per_epoch": ("{api} of a StepLR/MultiStepLR counts epochs: stepped per iteration it never lowers "
@@ -73,7 +75,8 @@ DESCRIPTIONS: dict[str, str] = {
                                  "last optimizer step before an optimizer used them"),
 }
 #: contracts the producer judges from calls of further APIs, which must be recorded too
-READS_ALSO: dict[str, set[str]] = {"steps_schedule_with_optimizer": {SCHEDULER_STEP}}
+READS_ALSO: dict[str, set[str]] = {"steps_schedule_with_optimizer": {SCHEDULER_STEP},
+                                   "rescales_groups_alike": {SCHEDULER_STEP}}
 WIPED_ACCUMULATION = ("the gradients of a backward were cleared before any optimizer step used them: with gradient "
                       "accumulation only the last micro-batch reaches the update; clear once per optimizer step, "
                       "after it (inside accelerate's accumulate(), call the prepared optimizer's zero_grad, which "
@@ -164,6 +167,11 @@ HINTS: dict[str, str] = {
                                       "batch loop and again at the epoch's end); step it once per optimizer step "
                                       "(inside the 'if (i + 1) % k == 0' block, or pass it to accelerator.prepare, "
                                       "which skips accumulating micro-steps)"),
+    "rescales_groups_alike": ("a hand-written learning-rate change raised one parameter group's rate while it "
+                              "lowered another's: one rate was written into every group, and the ratio the groups "
+                              "were built with (a backbone at a tenth of the head's rate, no decay on some "
+                              "parameters) is gone; scale each group from its own base rate "
+                              "(group['lr'] = group['initial_lr'] * factor) or use a torch scheduler"),
     "resumes_schedule": ("the optimizer was resumed from a checkpoint (its state was loaded) but this scheduler "
                          "starts from epoch 0: its state was not saved or not loaded (accelerate saves only prepared or "
                          "registered schedulers), so the warm-up replays and the decay is shifted by the resumed steps; "

@@ -96,3 +96,37 @@ def test_accelerates_prepared_scheduler_is_left_to_accelerate(tmp_path):
                 scheduler.step()
                 optimizer.zero_grad()
     assert _verdicts(tmp_path) == [None] * STEPS
+
+
+ALIKE = "rescales_groups_alike"
+
+
+def _group_verdicts(tmp_path) -> list:
+    return [((event.get("ctx") or {}).get("contract") or {}).get(ALIKE)
+            for _, event in trace_events(trace_batches(tmp_path))
+            if event["kind"] == "call" and event["phase"] == "pre" and event["api"] == OPTIMIZER_STEP]
+
+
+@pytest.mark.parametrize("helper", ["one_rate", "per_group", "unfreeze"])
+def test_a_hand_decay_writing_one_rate_into_every_group_breaks_it(tmp_path, helper):
+    """A backbone at a tenth of the head's rate: a decay helper that writes one rate into
+    every group raises the backbone's while it lowers the head's (PENet issue 29); one
+    that scales each group from its own base keeps it, and so does a backbone unfrozen
+    from rate 0 while the head decays."""
+    torch.manual_seed(0)
+    backbone, head = nn.Linear(4, 8), nn.Linear(8, 1)
+    optimizer = torch.optim.Adam([{"params": backbone.parameters(), "lr": 0.0 if helper == "unfreeze" else 0.01},
+                                  {"params": head.parameters(), "lr": 0.1}])
+    bases = [0.01, 0.1]
+    with producers.instrument(run_id="r-groups", trace_dir=tmp_path, quiet=True):
+        for step in range(6):
+            if step == 3:
+                for group, base in zip(optimizer.param_groups, bases):
+                    group["lr"] = 0.05 if helper == "one_rate" else base * 0.5
+            optimizer.zero_grad()
+            F.mse_loss(head(backbone(torch.randn(8, 4))), torch.randn(8, 1)).backward()
+            optimizer.step()
+    expected = [None] + [True] * 5
+    if helper == "one_rate":
+        expected[3] = False
+    assert _group_verdicts(tmp_path) == expected
