@@ -130,3 +130,22 @@ def test_a_hand_decay_writing_one_rate_into_every_group_breaks_it(tmp_path, help
     if helper == "one_rate":
         expected[3] = False
     assert _group_verdicts(tmp_path) == expected
+
+
+def test_a_schedule_built_over_accelerates_wrapper_and_left_out_of_prepare_is_judged(tmp_path):
+    """accelerate#963 as users still meet it: the schedule is built over the prepared
+    optimizer and never handed to ``prepare``, and ``step()`` runs on every micro-batch."""
+    accelerate = pytest.importorskip("accelerate")
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    with producers.instrument(run_id="r-cadence", trace_dir=tmp_path, quiet=True):
+        accelerator = accelerate.Accelerator(cpu=True, gradient_accumulation_steps=ACCUMULATION)
+        model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        scheduler = LambdaLR(optimizer, _stable_then_decay)
+        for _ in range(STEPS * ACCUMULATION):
+            with accelerator.accumulate(model):
+                accelerator.backward(F.mse_loss(model(torch.randn(8, 4)), torch.randn(8, 1)))
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+    assert _verdicts(tmp_path)[:3] == [None, True, False]
