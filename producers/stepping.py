@@ -56,6 +56,7 @@ class StepBoundaries:
         self._backward_ran = False  # any backward pass in this process so far
         self._backward_since_step = False  # a backward ran since the last optimizer step
         self._skip_signalled = False  # a hand clear already ended this iteration (a skipped step)
+        self._functional_gradients = False  # a torch.func gradient since the last training forward
         #: buffer position where the open window's non-training tail began (None once the
         #: window trains): what a later switch to ``eval`` relabels
         self._tail_start: int | None = None
@@ -95,11 +96,19 @@ class StepBoundaries:
         self._apply(decision)
 
     def functional_gradients_computed(self) -> None:
-        """A ``torch.func`` gradient transform returned (`producers.functional_grads`)."""
-        if not self._stepping:
-            self._backward_ran = self._backward_since_step = True
-            self._tail_start = None
-            self._apply(self.loop.backward(self.recorder.position))
+        """A ``torch.func`` gradient transform returned (`producers.functional_grads`).  It
+        is the iteration's backward for the tracker once the next training forward (or the
+        session's end) finds no optimizer known: an optimizer's steps end the iterations
+        of the others, where the gradients are handed to ``p.grad`` after a clear that a
+        backward would turn into an iteration's end (``backprop`` still says whether
+        ``Tensor.backward`` ever ran)."""
+        self._functional_gradients = not self._stepping
+
+    def _functional_backward(self) -> None:
+        if self._functional_gradients:
+            self._functional_gradients = False
+            if not self.ownership.optimizer_known:
+                self._apply(self.loop.backward(self.recorder.position))
 
     def grad_cleared_by_hand(self, param: torch.Tensor) -> None:
         """``param.grad = None`` or ``param.grad.zero_()`` written by user code: the
@@ -142,6 +151,7 @@ class StepBoundaries:
         if self._stepping:
             return
         self._tail_start = None
+        self._functional_backward()
         decision = self.loop.loop_start(
             self.recorder.position, zero_grad=False, optimizer_known=self.ownership.optimizer_known
         )
@@ -332,6 +342,7 @@ class StepBoundaries:
         """Close the open window at session end: a pending first-iteration cut, then the tail."""
         if not self.active:
             return
+        self._functional_backward()
         if not self.cycle.learnt and self.cycle.pending_cut is not None:
             self._end_step(
                 cut_at=self.cycle.pending_cut, states=self._pending_end_states,

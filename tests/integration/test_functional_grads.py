@@ -48,3 +48,29 @@ def test_each_per_sample_gradient_computation_counts_as_an_iteration(tmp_path):
 def test_grad_and_value_counts_too(tmp_path):
     _train(tmp_path, "grad_and_value")
     assert _run_end(tmp_path)["iterations"] == ITERATIONS
+
+
+def test_with_an_optimizer_its_steps_alone_end_the_iterations(tmp_path):
+    """The torch.func tutorial's DP-SGD with ``torch.optim``: gradients assigned to
+    ``p.grad`` after a ``zero_grad``, then ``step()``.  The gradient computation is no
+    backward there (the clear after it would end an extra window, and the steps would
+    claim a ``Tensor.backward`` that never ran)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with producers.instrument(run_id="r-func-opt", trace_dir=tmp_path, quiet=True):
+        def loss_of(weights, x, y):
+            return ((torch.func.functional_call(model, weights, (x.unsqueeze(0),)) - y) ** 2).mean()
+
+        per_sample = torch.func.vmap(torch.func.grad(loss_of), in_dims=(None, 0, 0))
+        for _ in range(ITERATIONS):
+            grads = per_sample({k: v.detach() for k, v in model.named_parameters()},
+                               torch.randn(5, 4), torch.randn(5, 1))
+            optimizer.zero_grad(set_to_none=True)
+            for name, param in model.named_parameters():
+                param.grad = grads[name].mean(0)
+            optimizer.step()
+    assert (_run_end(tmp_path)["iterations"], _run_end(tmp_path)["optimizer_steps"]) == (ITERATIONS, ITERATIONS)
+    steps = [event for batch in trace_batches(tmp_path) for event in batch["events"]
+             if event["kind"] == "call" and event["api"] == "torch.optim.Optimizer.step" and event["phase"] == "pre"]
+    assert steps and all(event["backprop"] is False for event in steps)
