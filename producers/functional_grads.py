@@ -5,10 +5,14 @@ gradients under ``vmap`` for DP-SGD, functional meta-learning, model ensembles) 
 updates the parameters by hand never calls ``Tensor.backward`` and often has no
 optimizer, so the iteration tracker (`producers.iterations`) would see no training at
 all and the whole run would be one unchecked window.  The functions these transforms
-return are wrapped: each call that returns counts as a backward for the tracker.  No
-event is recorded for it (the rules about backward calls are about ``Tensor.backward``),
-and a model run through ``functional_call`` inside the transform starts an iteration
-like any root forward in training mode.  A program that imported the transforms before
+return are wrapped: a call that returned is the iteration's backward for the tracker,
+once the next training forward (or the session's end) finds no optimizer known.  With an
+optimizer, its steps end the iterations: such loops hand the gradients to ``p.grad``
+after a ``zero_grad``, which a backward before it would turn into an iteration's end.
+No event is recorded for it (the rules about backward calls are about
+``Tensor.backward``, and a step's ``backprop`` still says whether one ever ran), and a
+model run through ``functional_call`` inside the transform starts an iteration like any
+root forward in training mode.  A program that imported the transforms before
 the producer was installed keeps the originals and is not seen.
 """
 

@@ -96,15 +96,12 @@ class StepBoundaries:
         self._apply(decision)
 
     def functional_gradients_computed(self) -> None:
-        """A ``torch.func`` gradient transform returned (`producers.functional_grads`).  It
-        is the iteration's backward for the tracker once the next training forward (or the
-        session's end) finds no optimizer known: an optimizer's steps end the iterations
-        of the others, where the gradients are handed to ``p.grad`` after a clear that a
-        backward would turn into an iteration's end (``backprop`` still says whether
-        ``Tensor.backward`` ever ran)."""
+        """A ``torch.func`` gradient transform returned (`producers.functional_grads`)."""
         self._functional_gradients = not self._stepping
 
     def _functional_backward(self) -> None:
+        """At a training forward or the session's end: pending torch.func gradients are the
+        iteration's backward where no optimizer's steps end the iterations."""
         if self._functional_gradients:
             self._functional_gradients = False
             if not self.ownership.optimizer_known:
