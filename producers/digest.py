@@ -64,15 +64,25 @@ def skip_reason(tensor: torch.Tensor) -> str | None:
         return "subclass"  # its data lives in inner tensors: no bytes of its own to read
     if not tensor.numel():
         return None
-    try:
-        if tensor.data_ptr() == 0 or (tensor.storage_offset() and tensor.untyped_storage().nbytes() == 0):
-            # FSDP2 frees an unsharded parameter between uses by resizing its storage to
-            # zero bytes: the tensor keeps its shape, and reading it would fault
-            return "freed"
-    except RuntimeError:
-        # torch.func's wrappers (vmap's batched, grad's tracking tensors) have no storage
+    address = data_address(tensor)
+    if address is None:
         return "no storage"
+    if address == 0 or (tensor.storage_offset() and tensor.untyped_storage().nbytes() == 0):
+        # FSDP2 frees an unsharded parameter between uses by resizing its storage to
+        # zero bytes: the tensor keeps its shape, and reading it would fault
+        return "freed"
     return None
+
+
+def data_address(tensor: torch.Tensor) -> int | None:
+    """Where a tensor's data starts; None for empty and meta tensors and for torch.func's
+    wrappers (vmap's batched, grad's tracking tensors), which have no storage."""
+    if not tensor.numel() or tensor.device.type == "meta":
+        return None
+    try:
+        return tensor.data_ptr()
+    except RuntimeError:
+        return None
 
 
 def local_data(tensor: torch.Tensor) -> torch.Tensor:

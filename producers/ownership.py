@@ -24,22 +24,11 @@ import torch
 
 from invariants.events import optimizer_id
 
-from .digest import tensor_digests
+from .digest import data_address, tensor_digests
 
 
 def optimizer_param_ids(optimizer: torch.optim.Optimizer) -> frozenset[int]:
     return frozenset(id(p) for group in optimizer.param_groups for p in group.get("params", ()))
-
-
-def _address(tensor: torch.Tensor) -> int | None:
-    """Where a tensor's data starts; None for empty and meta tensors and for torch.func's
-    wrappers (vmap's batched, grad's tracking tensors), which have no storage."""
-    if not tensor.numel() or tensor.device.type == "meta":
-        return None
-    try:
-        return tensor.data_ptr()
-    except RuntimeError:
-        return None
 
 
 class ParameterOwnership:
@@ -58,7 +47,7 @@ class ParameterOwnership:
     def remember(self, param: torch.Tensor) -> None:
         """Know ``param`` by its address too (from the global registration hook at model
         build, and from every re-read of the model's names)."""
-        address = _address(param)
+        address = data_address(param)
         if address is not None:
             self._by_address[address] = weakref.ref(param)
 
@@ -66,10 +55,10 @@ class ParameterOwnership:
         """The parameter ``tensor`` is, or aliases through ``.data`` (same storage and shape)."""
         if isinstance(tensor, torch.nn.Parameter):
             return tensor
-        address = _address(tensor)
+        address = data_address(tensor)
         ref = self._by_address.get(address) if address is not None else None
         param = ref() if ref is not None else None
-        if param is not None and param.shape == tensor.shape and _address(param) == address:
+        if param is not None and param.shape == tensor.shape and data_address(param) == address:
             return param
         return None
 
