@@ -32,6 +32,17 @@ if TYPE_CHECKING:
 GRADIENT_TRANSFORMS = ("grad", "grad_and_value")
 
 
+class PendingGradients:
+    """Whether a gradient transform returned since the last training forward."""
+
+    def __init__(self) -> None:
+        self.pending = False
+
+    def take(self) -> bool:
+        pending, self.pending = self.pending, False
+        return pending
+
+
 def patch_functional_grads(tracer: "Tracer") -> list[PatchHandle]:
     def make(original: Callable[..., Any]) -> Callable[..., Any]:
         def transform(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
@@ -40,11 +51,8 @@ def patch_functional_grads(tracer: "Tracer") -> list[PatchHandle]:
             @functools.wraps(transformed)
             def computing_gradients(*call_args: Any, **call_kwargs: Any) -> Any:
                 result = transformed(*call_args, **call_kwargs)
-                if tracer.enabled and not tracer.busy:
-                    try:
-                        tracer.functional_gradients_computed()
-                    except Exception as exc:
-                        tracer.internal_error("torch.func gradients", exc)
+                if tracer.enabled and not tracer.busy and not tracer.in_optimizer_step:
+                    tracer.functional_gradients.pending = True
                 return result
 
             return computing_gradients

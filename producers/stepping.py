@@ -24,6 +24,7 @@ import torch
 from invariants.events import (BACKWARD_APIS, GRAD_CLEAR_API, MODULE_ZERO_GRAD, OPTIMIZER_STEP, OPTIMIZER_ZERO_GRAD,
                                PARAM_OVERWRITE, PRODUCER_STATS_META, RUN_END_META, optimizer_id)
 
+from .functional_grads import PendingGradients
 from .iterations import Boundary, IterationTracker
 from .call_state import CallToken, InnerSteps, closure_of
 from .grad_clears import HandClears, cleared_inside_optimizer_update
@@ -56,7 +57,7 @@ class StepBoundaries:
         self._backward_ran = False  # any backward pass in this process so far
         self._backward_since_step = False  # a backward ran since the last optimizer step
         self._skip_signalled = False  # a hand clear already ended this iteration (a skipped step)
-        self._functional_gradients = False  # a torch.func gradient since the last training forward
+        self.functional_gradients = PendingGradients()  # `producers.functional_grads`
         #: buffer position where the open window's non-training tail began (None once the
         #: window trains): what a later switch to ``eval`` relabels
         self._tail_start: int | None = None
@@ -95,17 +96,11 @@ class StepBoundaries:
         self._tail_start = None
         self._apply(decision)
 
-    def functional_gradients_computed(self) -> None:
-        """A ``torch.func`` gradient transform returned (`producers.functional_grads`)."""
-        self._functional_gradients = not self._stepping
-
     def _functional_backward(self) -> None:
-        """At a training forward or the session's end: pending torch.func gradients are the
-        iteration's backward where no optimizer's steps end the iterations."""
-        if self._functional_gradients:
-            self._functional_gradients = False
-            if not self.ownership.optimizer_known:
-                self._apply(self.loop.backward(self.recorder.position))
+        """At a training forward or the session's end: torch.func gradients computed since
+        are the iteration's backward where no optimizer's steps end the iterations."""
+        if self.functional_gradients.take() and not self.ownership.optimizer_known:
+            self._apply(self.loop.backward(self.recorder.position))
 
     def grad_cleared_by_hand(self, param: torch.Tensor) -> None:
         """``param.grad = None`` or ``param.grad.zero_()`` written by user code: the
