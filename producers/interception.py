@@ -43,6 +43,7 @@ from .identity_hooks import install_identity_hooks
 from .script_hooks import patch_jit_script
 from .worker_hooks import patch_worker_loop, patch_worker_start
 from .patching import PatchHandle, patch_attribute
+from .retained_graphs import keeps_graph
 from .probabilities import install_probability_marks
 from .loss_averaging import count_batches
 from .loss_shapes import compares_like_shapes
@@ -150,6 +151,7 @@ def _make_call_wrapper(
         group = spec.group
         switches_mode = spec.api in MODE_APIS
         left_out_without_backward = spec.api == CLIP_GRAD_NORM  # see `producers.trainer_passes`
+        keeps_backward_graph = spec.api in BACKWARD_APIS
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if not tracer.enabled or tracer.busy or (group is not None and not tracer.enter_group(group)):
@@ -161,6 +163,8 @@ def _make_call_wrapper(
                     return original(*args, **kwargs)
                 token = None
                 try:
+                    if keeps_backward_graph:
+                        tracer.backward_keeps_graph = keeps_graph(args, kwargs)
                     if record:
                         token = _begin(tracer, spec, args, kwargs, names, flag_defaults, function_name, method_suffix)
                     else:

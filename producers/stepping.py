@@ -57,6 +57,7 @@ class StepBoundaries:
         self._backward_ran = False  # any backward pass in this process so far
         self._backward_since_step = False  # a backward ran since the last optimizer step
         self._skip_signalled = False  # a hand clear already ended this iteration (a skipped step)
+        self.backward_keeps_graph = False  # the latest backward retained its graph
         self.functional_gradients = PendingGradients()  # `producers.functional_grads`
         #: buffer position where the open window's non-training tail began (None once the
         #: window trains): what a later switch to ``eval`` relabels
@@ -73,7 +74,7 @@ class StepBoundaries:
             self._record_hand_clears()
             if api in BACKWARD_APIS:
                 if not self._stepping:
-                    self.contracts.wasted_grads.backward_ran()
+                    self.contracts.wasted_grads.backward_ran(self.backward_keeps_graph)
                 self._backward_ran = self._backward_since_step = True
                 self._skip_signalled = False
                 self.hand_clears.backward_ran()
@@ -85,6 +86,8 @@ class StepBoundaries:
         if api in ZERO_GRAD_APIS:
             if cleared_inside_optimizer_update() or self.contracts.wasted_grads.weights_moved():
                 return  # SAM's ascent clears between its two backward passes: not the loop's clear
+            if self._backward_since_step and self.backward_keeps_graph:
+                return  # one objective's gradients copied before the next (`producers.retained_graphs`)
             decision = self.loop.loop_start(position, zero_grad=True, optimizer_known=self.ownership.optimizer_known)
         elif api in BACKWARD_APIS:
             decision = self.loop.backward(position)

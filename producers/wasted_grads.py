@@ -23,7 +23,9 @@ setup), clears inside a step (closures) or inside an optimizer's own update meth
 (sharpness-aware minimisation's ``first_step``), and a backward whose gradients the
 program then inspected (``clip_grad_norm_``: a step skipped on a gradient-norm spike) or
 that ran through a model input requiring gradients (adversarial training computes
-input gradients with a backward whose parameter gradients it discards).  Gradients that
+input gradients with a backward whose parameter gradients it discards), and a backward
+that kept its graph for the next objective of the same forward
+(`producers.retained_graphs`: gradient surgery copies each objective's gradients).  Gradients that
 are not finite (a step skipped on overflow, by ``GradScaler`` or by hand) are not a
 wasted update either, nor are gradients the program used to move the weights before
 clearing them: sharpness-aware minimisation written in the training step (a
@@ -98,14 +100,16 @@ class WastedGrads:
     def __init__(self) -> None:
         self._unused_backward = False
         self._excused = False  # inspected (clip) or input gradients since the last step
+        self._graph_kept = False  # the latest backward retained its graph for another objective
         self._wipes = 0  # clears that discarded gradients since the last optimizer step
         self._wiped_before = False  # and between the two steps before
         # a few parameters of each optimizer that stepped, and their versions at the latest backward
         self._samples: dict[int, tuple[int, list[weakref.ref[torch.Tensor]]]] = {}  # _key -> (groups, sample)
         self._versions_at_backward: list[int] | None = None
 
-    def backward_ran(self) -> None:
+    def backward_ran(self, keeps_graph: bool = False) -> None:
         self._unused_backward = True
+        self._graph_kept = keeps_graph
         self._versions_at_backward = self._sample_versions() if self._samples else None
 
     def optimizer_stepped(self) -> None:
@@ -157,6 +161,9 @@ class WastedGrads:
         if not self._unused_backward:
             return True
         if inside_update():
+            return None
+        if self._graph_kept:  # copied before the next objective's backward
+            self._unused_backward = self._excused = False
             return None
         try:
             if self._excused or not any(_wasted(optimizer) for optimizer in optimizers):

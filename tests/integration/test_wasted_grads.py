@@ -151,3 +151,38 @@ def test_sam_written_in_the_training_loop_is_one_iteration_and_keeps_the_contrac
     assert False not in _kept(tmp_path)
     windows = {step for step, event in trace_events(trace_batches(tmp_path)) if event["kind"] == "call"}
     assert len(windows) == steps + 1  # setup, then one window per optimizer step
+
+
+def _gradient_surgery(tmp_path, keep_graph: bool) -> None:
+    """PCGrad by hand (WeiChengTseng/Pytorch-PCGrad's ``pc_backward``): each objective of
+    one forward is back-propagated on its own after a clear, its gradients copied; the
+    combined gradients are written into ``p.grad`` and the optimizer steps once."""
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    with producers.instrument(run_id="r-pcgrad", trace_dir=tmp_path, quiet=True):
+        for _ in range(4):
+            out = model(torch.randn(8, 4))
+            objectives = [out[:, 0].pow(2).mean(), (out[:, 1] - 1).pow(2).mean()]
+            copies = []
+            for index, objective in enumerate(objectives):
+                optimizer.zero_grad(set_to_none=True)
+                objective.backward(retain_graph=keep_graph and index < len(objectives) - 1)
+                copies.append([p.grad.clone() for p in model.parameters()])
+                if not keep_graph and index < len(objectives) - 1:
+                    out = model(torch.randn(8, 4))  # no retained graph: a new forward
+                    objectives[index + 1] = (out[:, 1] - 1).pow(2).mean()
+            for p, *grads in zip(model.parameters(), *copies):
+                p.grad = sum(grads)
+            optimizer.step()
+
+
+def test_gradient_surgery_over_a_retained_graph_is_one_iteration_and_not_judged(tmp_path):
+    _gradient_surgery(tmp_path, keep_graph=True)
+    assert False not in _kept(tmp_path)
+    windows = {step for step, event in trace_events(trace_batches(tmp_path)) if event["kind"] == "call"}
+    assert windows == {1, 2, 3, 4}  # one window per optimizer step (setup recorded nothing)
+
+
+def test_the_same_clears_between_forwards_of_their_own_are_still_judged(tmp_path):
+    _gradient_surgery(tmp_path, keep_graph=False)
+    assert False in _kept(tmp_path)
