@@ -298,7 +298,11 @@ DATALOADER_EPOCH = "torch.utils.data.DataLoader.__iter__"
 #: on every micro-batch of gradient accumulation, or twice an epoch);
 #: ``rescales_groups_alike`` — rates written by hand between two steps of an optimizer (no
 #: schedule stepped) never raise a positive group's rate while lowering another's (one
-#: rate written into every group of a discriminative setup).
+#: rate written into every group of a discriminative setup); ``steps_clipped_grads`` — a
+#: step right after a ``clip_grad_norm_`` applies gradients within its bound (a clip given
+#: an exhausted iterator of parameters clips nothing); ``schedules_stepping_optimizer`` — the
+#: optimizers schedules stepped since the previous optimizer step are still trained (not a
+#: copy restored from a checkpoint, not one another optimizer replaced).
 CONTRACTS: dict[str, str] = {
     "unscaled_grads": CLIP_GRAD_NORM,
     "replaces_weights": MODULE_LOAD_STATE_DICT,
@@ -317,6 +321,8 @@ CONTRACTS: dict[str, str] = {
     "steps_own_grads": OPTIMIZER_STEP,
     "steps_schedule_with_optimizer": OPTIMIZER_STEP,
     "rescales_groups_alike": OPTIMIZER_STEP,
+    "steps_clipped_grads": OPTIMIZER_STEP,
+    "schedules_stepping_optimizer": OPTIMIZER_STEP,
     "resumes_schedule": SCHEDULER_STEP,
     "steps_once_per_epoch": SCHEDULER_STEP,
     "compares_like_shapes": TENSOR_BACKWARD,

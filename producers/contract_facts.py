@@ -39,7 +39,9 @@ from .loss_averaging import AccumulatedLosses
 from .optimizer_restarts import OptimizerRestarts
 from .replayed_rngs import ReplayedRngs
 from .sampler_epochs import SamplerEpochs
+from .clip_bounds import ClipBounds
 from .schedule_cadence import ScheduleCadence
+from .schedule_targets import ScheduleTargets
 from .schedule_resumes import ScheduleResumes
 from .stored_samples import StoredSamples
 from .unfrozen_params import UnfrozenParams
@@ -72,9 +74,12 @@ class ContractFacts:
     foreign_grads: ForeignGrads
     fitted_norms: FittedNorms
     schedule_cadence: ScheduleCadence
+    clip_bounds: ClipBounds
+    schedule_targets: ScheduleTargets
 
     def at_step(self, optimizer: torch.optim.Optimizer, optimizer_name: str,
-                roots: Callable[[], list[torch.nn.Module]], ownership: "ParameterOwnership") -> dict[str, bool | None]:
+                roots: Callable[[], list[torch.nn.Module]], ownership: "ParameterOwnership",
+                in_model: Callable[[torch.Tensor], bool]) -> dict[str, bool | None]:
         """The contracts judged at an optimizer step, before its ``pre`` event."""
         cycle = self.accumulation.take_cycle(optimizer_name)
         cadence, alike = self.schedule_cadence.judge_step(optimizer, self.loss_scale.updates)
@@ -98,6 +103,8 @@ class ContractFacts:
             "keeps_frozen_weights": self.frozen_updates.keeps_frozen_weights(optimizer),
             "steps_schedule_with_optimizer": cadence,
             "rescales_groups_alike": alike,
+            "steps_clipped_grads": self.clip_bounds.steps_clipped_grads(optimizer),
+            "schedules_stepping_optimizer": self.schedule_targets.schedules_stepping_optimizer(optimizer, in_model),
         }
 
     def optimizer_step_ended(self, optimizer: torch.optim.Optimizer) -> None:
@@ -118,4 +125,4 @@ class ContractFacts:
                    LearningRates(), WeightRewinds(), UnfrozenParams(), ReplayedRngs(),
                    WastedGrads(), EvalWeights(), AccumulatedLosses(), ScheduleResumes(), EpochSchedules(),
                    StoredSamples(), AutocastCache(), FrozenUpdates(), EpochTails(),
-                   ForeignGrads(), FittedNorms(), ScheduleCadence())
+                   ForeignGrads(), FittedNorms(), ScheduleCadence(), ClipBounds(), ScheduleTargets())

@@ -159,8 +159,10 @@ def _make_call_wrapper(
             try:
                 if tracer.skip_compiled():
                     return original(*args, **kwargs)
-                if left_out_without_backward and tracer.left_out.clip():
-                    return original(*args, **kwargs)
+                if left_out_without_backward:
+                    if tracer.left_out.clip():
+                        return original(*args, **kwargs)
+                    args, kwargs = tracer.contracts.clip_bounds.clip_called(args, kwargs)
                 token = None
                 try:
                     if keeps_backward_graph:
@@ -232,6 +234,7 @@ def _begin(
             contract = None if like is None else {"compares_like_shapes": like}
         elif spec.api == SCHEDULER_STEP:
             tracer.contracts.schedule_cadence.scheduler_stepped(args[0])
+            tracer.contracts.schedule_targets.scheduler_stepped(args[0])
             judged = {
                 "resumes_schedule": tracer.contracts.schedule_resumes.resumes_schedule(args[0]),
                 "steps_once_per_epoch": tracer.contracts.epoch_schedules.steps_once_per_epoch(args[0], args, kwargs),

@@ -173,6 +173,11 @@ class ParameterRegistry:
         entry = self._by_id.get(id(tensor))
         return entry.name if entry is not None and entry.param is tensor else None
 
+    def names_in_model(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor`` is a parameter of a model the run has run."""
+        entry = self._by_id.get(id(tensor))
+        return entry is not None and entry.param is tensor and entry.module is not None
+
     def all_entries(self) -> list[ParamEntry]:
         return list(self._by_id.values()) + self._aliases
 

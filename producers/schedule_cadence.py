@@ -52,7 +52,7 @@ def _stepped_by_accelerate(frame: Any) -> bool:
     return False
 
 
-def _stepped_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+def stepped_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     """The optimizer whose ``step`` runs for a wrapper a schedule may be built over
     (accelerate's ``AcceleratedOptimizer`` keeps it as ``optimizer``, Lightning's
     ``LightningOptimizer`` as ``_optimizer``)."""
@@ -83,7 +83,7 @@ class ScheduleCadence:
         if scheduler in self._via_accelerate or _stepped_by_accelerate(sys._getframe(1)):
             self._via_accelerate.add(scheduler)
             return
-        calls = self._calls.setdefault(_stepped_optimizer(optimizer), {})
+        calls = self._calls.setdefault(stepped_optimizer(optimizer), {})
         calls[id(scheduler)] = calls.get(id(scheduler), 0) + 1
 
     def judge_step(self, optimizer: torch.optim.Optimizer, scaler_updates: int) -> tuple[bool | None, bool | None]:

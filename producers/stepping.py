@@ -75,6 +75,7 @@ class StepBoundaries:
             if api in BACKWARD_APIS:
                 if not self._stepping:
                     self.contracts.wasted_grads.backward_ran(self.backward_keeps_graph)
+                    self.contracts.clip_bounds.backward_ran()
                 self._backward_ran = self._backward_since_step = True
                 self._skip_signalled = False
                 self.hand_clears.backward_ran()
@@ -228,7 +229,8 @@ class StepBoundaries:
         cleared = name in self._cleared_since_step
         self._cleared_since_step.discard(name)
         with self._tls.own_work():  # the contracts' tensor reads are not the user's calls
-            contract = self.contracts.at_step(optimizer, name, self.registry.roots, self.ownership)
+            contract = self.contracts.at_step(optimizer, name, self.registry.roots, self.ownership,
+                                              self.registry.names_in_model)
         token = self.begin_call(
             OPTIMIZER_STEP, f"{cls.__module__}.{cls.__qualname__}.step", {"self": optimizer},
             extra={"obj": name, "trained": trained, "cleared": cleared,

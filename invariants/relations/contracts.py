@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Mapping
 
-from ..events import CONTRACTS, SCHEDULER_STEP
+from ..events import CLIP_GRAD_NORM, CONTRACTS, SCHEDULER_STEP
 from ..window import FactPlan
 from .base import Mode, Site, Template
 from .view import WindowView
@@ -62,6 +62,10 @@ DESCRIPTIONS: dict[str, str] = {
                                       "stepped more than once since the optimizer's previous step"),
     "rescales_groups_alike": ("{api} never follows learning rates written by hand that raised one parameter "
                               "group's rate while lowering another's"),
+    "steps_clipped_grads": ("{api} applies gradients within the norm bound of a clip_grad_norm_ called after "
+                            "the latest backward (the clip was given the parameters it bounds)"),
+    "schedules_stepping_optimizer": ("{api} runs only where every optimizer a learning-rate schedule stepped "
+                                     "since the previous optimizer step is one that training still steps"),
     "resumes_schedule": ("{api} never starts a schedule over from epoch 0 for an optimizer resumed from a "
                          "checkpoint"),
     "steps_once_per_epoch": ("{api} of a StepLR/MultiStepLR counts epochs: stepped per iteration it never lowers "
@@ -76,7 +80,9 @@ DESCRIPTIONS: dict[str, str] = {
 }
 #: contracts the producer judges from calls of further APIs, which must be recorded too
 READS_ALSO: dict[str, set[str]] = {"steps_schedule_with_optimizer": {SCHEDULER_STEP},
-                                   "rescales_groups_alike": {SCHEDULER_STEP}}
+                                   "rescales_groups_alike": {SCHEDULER_STEP},
+                                   "steps_clipped_grads": {CLIP_GRAD_NORM},
+                                   "schedules_stepping_optimizer": {SCHEDULER_STEP}}
 WIPED_ACCUMULATION = ("the gradients of a backward were cleared before any optimizer step used them: with gradient "
                       "accumulation only the last micro-batch reaches the update; clear once per optimizer step, "
                       "after it (inside accelerate's accumulate(), call the prepared optimizer's zero_grad, which "
@@ -172,6 +178,16 @@ HINTS: dict[str, str] = {
                               "were built with (a backbone at a tenth of the head's rate, no decay on some "
                               "parameters) is gone; scale each group from its own base rate "
                               "(group['lr'] = group['initial_lr'] * factor) or use a torch scheduler"),
+    "steps_clipped_grads": ("clip_grad_norm_ ran after the latest backward, yet the gradients this step applies "
+                            "exceed its max_norm: the clip was handed an iterator already used up (model.parameters() "
+                            "or a filter() consumed by the optimizer's constructor clips nothing), or the gradients "
+                            "changed after it; pass a list (params = [p for p in model.parameters() if "
+                            "p.requires_grad]) to both, and clip right before the step"),
+    "schedules_stepping_optimizer": ("a learning-rate schedule was stepped over an optimizer that training no longer "
+                                     "steps: its rates decay on paper (get_last_lr) while the optimizer that steps "
+                                     "keeps its own; a scheduler restored from a checkpoint may hold a pickled copy "
+                                     "of the optimizer (re-attach it: sched.after_scheduler.optimizer = optimizer), "
+                                     "or the optimizer was rebuilt without rebuilding its scheduler"),
     "resumes_schedule": ("the optimizer was resumed from a checkpoint (its state was loaded) but this scheduler "
                          "starts from epoch 0: its state was not saved or not loaded (accelerate saves only prepared or "
                          "registered schedulers), so the warm-up replays and the decay is shifted by the resumed steps; "

@@ -1,0 +1,76 @@
+"""Learning-rate schedules that write their rates into an optimizer nobody steps.
+
+A schedule holds the optimizer it was built over.  When training goes on with another
+one, the schedule keeps "working" — ``get_last_lr()`` decays as planned — while the rates
+the steps use stay where they were: a warm-up scheduler whose nested ``after_scheduler``
+was pickled with a copy of the optimizer and restored from a checkpoint
+(ildoonet/pytorch-gradual-warmup-lr issue 27), a schedule built before the optimizer was
+rebuilt (after an unfreeze, a resize, a resume) and never rebuilt with it.
+
+So each optimizer step carries ``schedules_stepping_optimizer``: every optimizer a
+schedule stepped since the previous optimizer step is still trained — it is this one, or
+one stepped since any other optimizer over its parameters began stepping, or, not yet
+stepped, it holds parameters of a model the run runs (a generator whose schedule is
+stepped before the critic's first cycles end is fine).  An optimizer built over another's
+very parameter groups (a wrapper, SAM's base optimizer) is that optimizer.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Callable
+
+import torch
+
+from .schedule_cadence import stepped_optimizer
+
+
+def _same(one: torch.optim.Optimizer, other: torch.optim.Optimizer) -> bool:
+    if one is other or one.param_groups is other.param_groups:
+        return True
+    mine, theirs = one.param_groups, other.param_groups
+    return len(mine) == len(theirs) and all(a is b for a, b in zip(mine, theirs))
+
+
+def _param_ids(optimizer: torch.optim.Optimizer) -> set[int]:
+    return {id(p) for group in optimizer.param_groups for p in group.get("params", ())}
+
+
+class ScheduleTargets:
+    """The optimizers schedules wrote into since the latest optimizer step, and when each
+    optimizer that steps first and last stepped."""
+
+    def __init__(self) -> None:
+        self._written: list[weakref.ref[torch.optim.Optimizer]] = []
+        self._first: "weakref.WeakKeyDictionary[torch.optim.Optimizer, int]" = weakref.WeakKeyDictionary()
+        self._last: "weakref.WeakKeyDictionary[torch.optim.Optimizer, int]" = weakref.WeakKeyDictionary()
+        self._serial = 0
+
+    def scheduler_stepped(self, scheduler: object) -> None:
+        optimizer = getattr(scheduler, "optimizer", None)
+        if isinstance(optimizer, torch.optim.Optimizer):
+            self._written.append(weakref.ref(stepped_optimizer(optimizer)))
+
+    def schedules_stepping_optimizer(self, optimizer: torch.optim.Optimizer,
+                                     in_model: Callable[[torch.Tensor], bool]) -> bool | None:
+        """Judged before each optimizer step (None: no schedule stepped since the previous one)."""
+        self._serial += 1
+        self._first.setdefault(optimizer, self._serial)
+        self._last[optimizer] = self._serial
+        written, self._written = self._written, []
+        targets = {id(target): target for target in (ref() for ref in written) if target is not None}
+        if not targets:
+            return None
+        return all(self._trained(target, in_model) for target in targets.values())
+
+    def _trained(self, target: torch.optim.Optimizer, in_model: Callable[[torch.Tensor], bool]) -> bool:
+        stepped = list(self._last.items())
+        own = [serial for other, serial in stepped if _same(other, target)]
+        last = max(own, default=0)
+        params = _param_ids(target)
+        for other, _ in stepped:
+            if not _same(other, target) and self._first.get(other, 0) > last and params & _param_ids(other):
+                return False  # another optimizer over its parameters took over since it last stepped
+        if own:
+            return True
+        return any(in_model(p) for group in target.param_groups for p in group.get("params", ()))
