@@ -67,9 +67,10 @@ class ScheduleTargets:
         stepped = list(self._last.items())
         own = [serial for other, serial in stepped if _same(other, target)]
         last = max(own, default=0)
-        params = _param_ids(target)
-        for other, _ in stepped:
-            if not _same(other, target) and self._first.get(other, 0) > last and params & _param_ids(other):
+        later = [other for other, _ in stepped if self._first.get(other, 0) > last and not _same(other, target)]
+        if later:
+            params = _param_ids(target)
+            if any(params & _param_ids(other) for other in later):
                 return False  # another optimizer over its parameters took over since it last stepped
         if own:
             return True
