@@ -9,7 +9,8 @@ rebuilt (after an unfreeze, a resize, a resume) and never rebuilt with it.
 
 So each optimizer step carries ``schedules_stepping_optimizer``: every optimizer a
 schedule stepped since the previous optimizer step is still trained — it is this one, or
-one stepped since any other optimizer over its parameters began stepping, or, not yet
+one stepped since any other optimizer over its parameters began stepping (before the
+schedule's step: the last step of a finished stage's schedule is fine), or, not yet
 stepped, it holds parameters of a model the run runs (a generator whose schedule is
 stepped before the critic's first cycles end is fine).  An optimizer built over another's
 very parameter groups (a wrapper, SAM's base optimizer) is that optimizer.
@@ -41,7 +42,8 @@ class ScheduleTargets:
     optimizer that steps first and last stepped."""
 
     def __init__(self) -> None:
-        self._written: list[weakref.ref[torch.optim.Optimizer]] = []
+        #: (optimizer, optimizer steps taken before the schedule wrote into it)
+        self._written: list[tuple[weakref.ref[torch.optim.Optimizer], int]] = []
         self._first: "weakref.WeakKeyDictionary[torch.optim.Optimizer, int]" = weakref.WeakKeyDictionary()
         self._last: "weakref.WeakKeyDictionary[torch.optim.Optimizer, int]" = weakref.WeakKeyDictionary()
         self._serial = 0
@@ -49,7 +51,7 @@ class ScheduleTargets:
     def scheduler_stepped(self, scheduler: object) -> None:
         optimizer = getattr(scheduler, "optimizer", None)
         if isinstance(optimizer, torch.optim.Optimizer):
-            self._written.append(weakref.ref(stepped_optimizer(optimizer)))
+            self._written.append((weakref.ref(stepped_optimizer(optimizer)), self._serial))
 
     def schedules_stepping_optimizer(self, optimizer: torch.optim.Optimizer,
                                      in_model: Callable[[torch.Tensor], bool]) -> bool | None:
@@ -58,16 +60,22 @@ class ScheduleTargets:
         self._first.setdefault(optimizer, self._serial)
         self._last[optimizer] = self._serial
         written, self._written = self._written, []
-        targets = {id(target): target for target in (ref() for ref in written) if target is not None}
+        targets = {id(target): (target, serial) for target, serial in ((ref(), at) for ref, at in written)
+                   if target is not None}
         if not targets:
             return None
-        return all(self._trained(target, in_model) for target in targets.values())
+        return all(self._trained(target, serial, in_model) for target, serial in targets.values())
 
-    def _trained(self, target: torch.optim.Optimizer, in_model: Callable[[torch.Tensor], bool]) -> bool:
+    def _trained(self, target: torch.optim.Optimizer, written_at: int,
+                 in_model: Callable[[torch.Tensor], bool]) -> bool:
+        """Whether ``target`` was still trained when a schedule wrote into it, ``written_at``
+        optimizer steps into the run (a schedule's last step after its optimizer's last one,
+        before a new stage's optimizer starts, is fine)."""
         stepped = list(self._last.items())
         own = [serial for other, serial in stepped if _same(other, target)]
         last = max(own, default=0)
-        later = [other for other, _ in stepped if self._first.get(other, 0) > last and not _same(other, target)]
+        later = [other for other, _ in stepped
+                 if last < self._first.get(other, 0) <= written_at and not _same(other, target)]
         if later:
             params = _param_ids(target)
             if any(params & _param_ids(other) for other in later):

@@ -52,7 +52,23 @@ def test_a_schedule_kept_over_a_rebuilt_optimizer_is_reported(tmp_path):
                 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
             _step(model, optimizer)
             schedule.step()
-    assert _verdicts(tmp_path) == [True, True, True, False, False, False]
+    # the step at index 3 is the new optimizer's first: the schedule's step before it came
+    # after the old optimizer's last step, as a finished stage's last schedule step does
+    assert _verdicts(tmp_path) == [True, True, True, True, False, False]
+
+
+def test_a_finished_stages_last_schedule_step_is_fine(tmp_path):
+    """Two stages over the same model (Hugging Face ``Trainer`` twice, Lightning ``fit``
+    twice): the first stage's schedule steps after its optimizer's last step."""
+    model = nn.Linear(4, 1)
+    with producers.instrument(run_id="r-stages", trace_dir=tmp_path, quiet=True):
+        for _stage in range(2):
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+            for _ in range(3):
+                _step(model, optimizer)
+                schedule.step()
+    assert _verdicts(tmp_path) == [True] * 6
 
 
 def test_a_generator_schedule_before_its_first_step_and_a_wrapper_keep_it(tmp_path):
