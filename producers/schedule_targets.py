@@ -73,13 +73,14 @@ class ScheduleTargets:
         before a new stage's optimizer starts, is fine)."""
         stepped = list(self._last.items())
         own = [serial for other, serial in stepped if _same(other, target)]
-        last = max(own, default=0)
+        if not own:
+            # a new optimizer whose schedule is built before its first step (a stage after
+            # a pre-training stage over the same parameters) is fine; a copy holds no model's
+            return any(in_model(p) for group in target.param_groups for p in group.get("params", ()))
+        last = max(own)
         later = [other for other, _ in stepped
                  if last < self._first.get(other, 0) <= written_at and not _same(other, target)]
-        if later:
-            params = _param_ids(target)
-            if any(params & _param_ids(other) for other in later):
-                return False  # another optimizer over its parameters took over since it last stepped
-        if own:
+        if not later:
             return True
-        return any(in_model(p) for group in target.param_groups for p in group.get("params", ()))
+        params = _param_ids(target)  # replaced: another over its parameters began stepping since
+        return not any(params & _param_ids(other) for other in later)

@@ -71,6 +71,26 @@ def test_a_finished_stages_last_schedule_step_is_fine(tmp_path):
     assert _verdicts(tmp_path) == [True] * 6
 
 
+def test_a_new_stages_schedule_before_its_optimizers_first_step_is_fine(tmp_path):
+    """SRGAN: a pre-training optimizer over the generator steps first; the adversarial
+    stage's optimizers and schedules are built after it (their constructors step them)."""
+    generator, critic = nn.Linear(4, 4), nn.Linear(4, 1)
+    with producers.instrument(run_id="r-pretrain", trace_dir=tmp_path, quiet=True):
+        pretrain = torch.optim.Adam(generator.parameters())
+        for _ in range(3):
+            _step(generator, pretrain)
+        opt_c, opt_g = torch.optim.Adam(critic.parameters()), torch.optim.Adam(generator.parameters())
+        schedules = [torch.optim.lr_scheduler.StepLR(opt, step_size=2) for opt in (opt_c, opt_g)]
+        for _ in range(3):
+            opt_c.zero_grad()
+            critic(generator(torch.randn(8, 4)).detach()).mean().backward()
+            opt_c.step()
+            _step(lambda x: critic(generator(x)), opt_g)
+            for schedule in schedules:
+                schedule.step()
+    assert False not in _verdicts(tmp_path)
+
+
 def test_a_generator_schedule_before_its_first_step_and_a_wrapper_keep_it(tmp_path):
     generator, critic = nn.Linear(4, 4), nn.Linear(4, 1)
     opt_g = torch.optim.Adam(generator.parameters())
