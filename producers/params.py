@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 
@@ -29,6 +30,13 @@ class ParamEntry:
     alias_of: str | None = None
     #: ``opt<i>.g<j>``: the first optimizer and param group holding it
     holder: str | None = None
+
+
+def same_groups(groups: Any, theirs: Any) -> bool:
+    """Whether two optimizers step the very same parameter-group dicts (a wrapper, or an
+    optimizer built over another's groups, as SAM's base optimizer is)."""
+    return theirs is groups or (isinstance(theirs, list) and isinstance(groups, list) and len(theirs) == len(groups)
+                                and all(mine is other for mine, other in zip(groups, theirs)))
 
 
 class ParameterRegistry:
@@ -115,9 +123,7 @@ class ParameterRegistry:
         if groups is None:
             return None
         for index, ref in enumerate(self._optimizers):
-            theirs = getattr(ref(), "param_groups", None)
-            if theirs is groups or (isinstance(theirs, list) and isinstance(groups, list) and len(theirs) == len(groups)
-                                    and all(mine is other for mine, other in zip(groups, theirs))):
+            if same_groups(getattr(ref(), "param_groups", None), groups):
                 return index
         return None
 

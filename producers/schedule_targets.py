@@ -23,14 +23,12 @@ from typing import Callable
 
 import torch
 
+from .params import same_groups
 from .schedule_cadence import stepped_optimizer
 
 
 def _same(one: torch.optim.Optimizer, other: torch.optim.Optimizer) -> bool:
-    if one is other or one.param_groups is other.param_groups:
-        return True
-    mine, theirs = one.param_groups, other.param_groups
-    return len(mine) == len(theirs) and all(a is b for a, b in zip(mine, theirs))
+    return one is other or same_groups(one.param_groups, other.param_groups)
 
 
 def _param_ids(optimizer: torch.optim.Optimizer) -> set[int]:
