@@ -50,6 +50,8 @@ class ClipBounds:
             return args, kwargs
         if isinstance(parameters, torch.Tensor):
             tensors = [parameters]
+        elif isinstance(parameters, (list, tuple)):
+            tensors = list(parameters)  # read again by the clip as it is
         else:
             tensors = list(parameters)
             handed = (p for p in tensors) if isinstance(parameters, types.GeneratorType) else tensors
