@@ -302,7 +302,10 @@ DATALOADER_EPOCH = "torch.utils.data.DataLoader.__iter__"
 #: step right after a ``clip_grad_norm_`` applies gradients within its bound (a clip given
 #: an exhausted iterator of parameters clips nothing); ``schedules_stepping_optimizer`` — the
 #: optimizers schedules stepped since the previous optimizer step are still trained (not a
-#: copy restored from a checkpoint, not one another optimizer replaced).
+#: copy restored from a checkpoint, not one another optimizer replaced);
+#: ``updates_move_average`` — writes into a half-precision deep copy of trained weights (an
+#: EMA) move it where it differs from them; ``averages_once_per_step`` — such a copy is
+#: not averaged between two backwards without an optimizer step (per micro-batch).
 CONTRACTS: dict[str, str] = {
     "unscaled_grads": CLIP_GRAD_NORM,
     "replaces_weights": MODULE_LOAD_STATE_DICT,
@@ -323,6 +326,8 @@ CONTRACTS: dict[str, str] = {
     "rescales_groups_alike": OPTIMIZER_STEP,
     "steps_clipped_grads": OPTIMIZER_STEP,
     "schedules_stepping_optimizer": OPTIMIZER_STEP,
+    "updates_move_average": OPTIMIZER_STEP,
+    "averages_once_per_step": OPTIMIZER_STEP,
     "resumes_schedule": SCHEDULER_STEP,
     "steps_once_per_epoch": SCHEDULER_STEP,
     "compares_like_shapes": TENSOR_BACKWARD,

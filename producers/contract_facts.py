@@ -14,7 +14,8 @@ the samples it stores, whether an optimizer stepped since autocast last dropped
 its cached casts, which frozen parameters each optimizer had trained, and each optimizer's longest
 accumulation cycle within one training pass, and which optimizers' gradients a backward
 that fed another optimizer's step changed, and which BatchNorm layers' statistics were
-seen fitted, and how often each schedule was stepped since its optimizer's latest step.
+seen fitted, and how often each schedule was stepped since its optimizer's latest step,
+and which deep copies of trained parameters the program averages into.
 They live together here so that the tracer holds one object for all of them.
 """
 
@@ -27,6 +28,7 @@ import torch
 
 from .amp_scaling import LossScaleTracker
 from .autocast_cache import AutocastCache
+from .averaged_copies import AveragedCopies
 from .epoch_schedules import EpochSchedules
 from .epoch_tails import EpochTails
 from .fitted_norms import FittedNorms
@@ -76,6 +78,7 @@ class ContractFacts:
     schedule_cadence: ScheduleCadence
     clip_bounds: ClipBounds
     schedule_targets: ScheduleTargets
+    averaged_copies: AveragedCopies
 
     def at_step(self, optimizer: torch.optim.Optimizer, optimizer_name: str,
                 roots: Callable[[], list[torch.nn.Module]], ownership: "ParameterOwnership",
@@ -83,6 +86,7 @@ class ContractFacts:
         """The contracts judged at an optimizer step, before its ``pre`` event."""
         cycle = self.accumulation.take_cycle(optimizer_name)
         cadence, alike = self.schedule_cadence.judge_step(optimizer, self.loss_scale.updates)
+        moves_average, averages_once = self.averaged_copies.judge_step()
         return {
             "keeps_optimizer_state": self.restarts.keeps_state(optimizer),
             "grads_reach_what_ran": self.graph_cuts.reaches_what_ran(optimizer, roots),
@@ -105,7 +109,15 @@ class ContractFacts:
             "rescales_groups_alike": alike,
             "steps_clipped_grads": self.clip_bounds.steps_clipped_grads(optimizer),
             "schedules_stepping_optimizer": self.schedule_targets.schedules_stepping_optimizer(optimizer, in_model),
+            "updates_move_average": moves_average,
+            "averages_once_per_step": averages_once,
         }
+
+    def backward_ran(self, keeps_graph: bool) -> None:
+        """Before a backward outside an optimizer's update."""
+        self.wasted_grads.backward_ran(keeps_graph)
+        self.clip_bounds.backward_ran()
+        self.averaged_copies.backward_ran(self.loss_scale.updates)
 
     def optimizer_step_ended(self, optimizer: torch.optim.Optimizer) -> None:
         """After an optimizer's step: what the contracts of later calls remember of it."""
@@ -113,6 +125,7 @@ class ContractFacts:
         self.wasted_grads.step_ended(optimizer)
         self.epoch_schedules.optimizer_stepped(optimizer)
         self.graph_cuts.stepped()
+        self.averaged_copies.optimizer_stepped()
 
     def cycles_cleared(self, optimizer_names: list[str]) -> None:
         """These optimizers' gradients were cleared: their accumulation cycles start again."""
@@ -120,9 +133,10 @@ class ContractFacts:
         self.foreign_grads.cleared(optimizer_names)
 
     @classmethod
-    def create(cls, is_trained: Callable[[torch.Tensor], bool]) -> "ContractFacts":
-        return cls(OptimizerRestarts(is_trained), LossScaleTracker(), GraphCuts(), SamplerEpochs(),
+    def create(cls, ownership: "ParameterOwnership") -> "ContractFacts":
+        return cls(OptimizerRestarts(ownership.is_trained), LossScaleTracker(), GraphCuts(), SamplerEpochs(),
                    LearningRates(), WeightRewinds(), UnfrozenParams(), ReplayedRngs(),
                    WastedGrads(), EvalWeights(), AccumulatedLosses(), ScheduleResumes(), EpochSchedules(),
                    StoredSamples(), AutocastCache(), FrozenUpdates(), EpochTails(),
-                   ForeignGrads(), FittedNorms(), ScheduleCadence(), ClipBounds(), ScheduleTargets())
+                   ForeignGrads(), FittedNorms(), ScheduleCadence(), ClipBounds(), ScheduleTargets(),
+                   AveragedCopies(ownership.held_by_optimizer))

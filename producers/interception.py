@@ -305,7 +305,7 @@ def install(tracer: Tracer, selection: Selection, on_rank_change: Callable[[], N
         handles += tracer.contracts.loss_scale.install(tracer.contracts.accumulation.loss_scaled)
     if selection.wants(OPTIMIZER_STEP):
         handles += [count_batches(tracer.contracts.accumulation), patch_dataset_fetches(tracer),
-                    tracer.contracts.autocast_cache.install()]
+                    tracer.contracts.autocast_cache.install(), *tracer.contracts.averaged_copies.install()]
     if selection.wants(SCHEDULER_STEP):
         handles += tracer.contracts.schedule_resumes.install()
     if selection.wants(DATALOADER_EPOCH) or selection.wants(SCHEDULER_STEP):

@@ -74,8 +74,7 @@ class StepBoundaries:
             self._record_hand_clears()
             if api in BACKWARD_APIS:
                 if not self._stepping:
-                    self.contracts.wasted_grads.backward_ran(self.backward_keeps_graph)
-                    self.contracts.clip_bounds.backward_ran()
+                    self.contracts.backward_ran(self.backward_keeps_graph)
                 self._backward_ran = self._backward_since_step = True
                 self._skip_signalled = False
                 self.hand_clears.backward_ran()

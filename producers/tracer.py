@@ -80,7 +80,7 @@ class Tracer(StepBoundaries, ForwardHooks, StageSwitching, WorkerReports, JoinSh
         self._stats_source = stats_source
         self.registry = ParameterRegistry()
         self.ownership = ParameterOwnership()
-        self.contracts = ContractFacts.create(self.ownership.is_trained)
+        self.contracts = ContractFacts.create(self.ownership)
         self._memo = SnapshotMemo()
         self.stage = "init"
         self._explicit_stages: list[str] = []

@@ -66,6 +66,10 @@ DESCRIPTIONS: dict[str, str] = {
                             "the latest backward (the clip was given the parameters it bounds)"),
     "schedules_stepping_optimizer": ("{api} runs only where every optimizer a learning-rate schedule stepped "
                                      "since the previous optimizer step is one that training still steps"),
+    "updates_move_average": ("{api} follows only averaging writes that moved a half-precision weight average "
+                             "(a deep copy of trained weights no optimizer holds) where it differs from the weights"),
+    "averages_once_per_step": ("{api} follows a weight average (a deep copy of trained weights no optimizer holds) "
+                               "written at most once between two backwards with no optimizer step in between"),
     "resumes_schedule": ("{api} never starts a schedule over from epoch 0 for an optimizer resumed from a "
                          "checkpoint"),
     "steps_once_per_epoch": ("{api} of a StepLR/MultiStepLR counts epochs: stepped per iteration it never lowers "
@@ -183,6 +187,15 @@ HINTS: dict[str, str] = {
                             "or a filter() consumed by the optimizer's constructor clips nothing), or the gradients "
                             "changed after it; pass a list (params = [p for p in model.parameters() if "
                             "p.requires_grad]) to both, and clip right before the step"),
+    "updates_move_average": ("the weight average (EMA) is kept in bf16 or fp16, where (1 - decay) * (average - "
+                             "weights) is below the precision of its values: the updates round to nothing and the "
+                             "average stays where it was made; keep the average in float32 whatever the model's "
+                             "dtype"),
+    "averages_once_per_step": ("the weight average (EMA) was updated again with no optimizer step since the previous "
+                               "backward: updated per micro-batch of gradient accumulation, it averages several times "
+                               "per step over unchanged weights and its decay runs that many times too fast; update it "
+                               "only after the optimizer stepped (inside accelerate's accumulate(): when "
+                               "accelerator.sync_gradients)"),
     "schedules_stepping_optimizer": ("a learning-rate schedule was stepped over an optimizer that training no longer "
                                      "steps: its rates decay on paper (get_last_lr) while the optimizer that steps "
                                      "keeps its own; a scheduler restored from a checkpoint may hold a pickled copy "
