@@ -159,6 +159,19 @@ CORPUS: tuple[Reference, ...] = (
               modelled_on="jhjacobsen/invertible-resnet + rtqichen/residual-flows toy 2-D densities"),
     Reference("horovod_style_mnist", "benchmarks/corpus/horovod_style_mnist.py", TORCHRUN_2, style="horovod-style",
               modelled_on="horovod/examples/pytorch/pytorch_mnist.py (on torch.distributed gloo)"),
+    # Weight averages (EMAs, momentum targets), each kept the way a different library keeps it.
+    Reference("lightning_ema_weight_averaging", "benchmarks/corpus/lightning_ema_weight_averaging.py",
+              style="lightning", modelled_on="Lightning docs weight averaging (EMAWeightAveraging) + torchtext "
+              "text classification tutorial"),
+    Reference("accelerate_averaged_model_ema", "benchmarks/corpus/accelerate_averaged_model_ema.py",
+              style="accelerate", modelled_on="torch.optim.swa_utils EMA recipe inside accelerate "
+              "gradient_accumulation.py"),
+    Reference("byol_momentum_target", "benchmarks/corpus/byol_momentum_target.py", style="self-supervised",
+              modelled_on="lucidrains/byol-pytorch"),
+    Reference("stylegan_g_ema", "benchmarks/corpus/stylegan_g_ema.py", style="gan",
+              modelled_on="NVlabs/stylegan2-ada-pytorch training_loop.py (G_ema)"),
+    Reference("hf_trainer_ema_callback", "benchmarks/corpus/hf_trainer_ema_callback.py", style="hf-trainer",
+              modelled_on="transformers TrainerCallback docs + torch.optim.swa_utils EMA recipe"),
 )
 
 REFERENCES = REFERENCES + CORPUS
