@@ -14,9 +14,11 @@ old state) is judged at the new optimizer's first step:
   run (a new model's parameters can reuse the addresses of a freed one's, never its
   training);
 * with no state of its own (``load_state_dict`` of the old state keeps it);
-* with none of them restored (``Module.load_state_dict``) since that optimizer
-  stepped: a restart from a checkpoint that kept no optimizer state starts over on
-  purpose, with weights that are not the ones the old state was built on;
+* with none of them restored (``Module.load_state_dict``) or written in place since an
+  optimizer last stepped them: a restart from a checkpoint that kept no optimizer state,
+  or a rewind to the initial weights (the lottery-ticket recipe copies them back by
+  hand), starts over on purpose, with weights that are not the ones the old state was
+  built on;
 * and with no parameter that takes a gradient now for the first time at a step: a
   part of the model that starts to train begins a new phase, and resetting the state
   there is a recipe (progressive growing resets Adam at each new resolution,
@@ -35,6 +37,8 @@ import torch
 from .ownership import optimizer_param_ids
 
 Signature = tuple[type, frozenset[int], tuple[float, ...]]
+#: parameters per group whose version counters are read after each step
+VERSIONS_READ = 4
 
 
 def _initial_learning_rates(optimizer: torch.optim.Optimizer) -> tuple[float, ...]:
@@ -58,6 +62,9 @@ class OptimizerRestarts:
         self._stateful: dict[Signature, int] = {}  # -> the restore count when it was remembered
         self._restores = 0
         self._restored_at: dict[int, int] = {}  # id(parameter) -> the restore count of its last restore
+        #: id(parameter) -> its version counter after the latest step that updated it (a few
+        #: parameters of each optimizer): a write since then rewound or replaced the weights
+        self._stepped_version: dict[int, int] = {}
         #: ids of parameters that held a gradient at some optimizer step, and per optimizer
         #: those of its parameters not seen with one yet (usually empty after its first step)
         self._had_grad: set[int] = set()
@@ -84,6 +91,8 @@ class OptimizerRestarts:
         params = [p for group in optimizer.param_groups for p in group.get("params", ())]
         if any(self._restored_at.get(id(p), -1) > remembered_at for p in params):
             return True
+        if any(self._stepped_version.get(id(p), p._version) != p._version for p in params):
+            return True  # written since an optimizer last stepped it: rewound or replaced
         if any(p.grad is not None and id(p) not in self._had_grad for p in params):
             return True  # a part that starts to train: a new phase
         return not (params and all(self._is_trained(p) for p in params))
@@ -95,6 +104,9 @@ class OptimizerRestarts:
             self._remembered.add(optimizer)
             self._stateful[self._signature(optimizer)] = self._restores
         held = sum(len(group.get("params", ())) for group in optimizer.param_groups)
+        for group in optimizer.param_groups:
+            for param in group.get("params", ())[:VERSIONS_READ]:
+                self._stepped_version[id(param)] = param._version
         known = self._without_grad.get(optimizer)
         if known is None or known[0] != held:  # new, or given a parameter group since
             known = (held, [p for group in optimizer.param_groups for p in group.get("params", ())])
