@@ -11,7 +11,9 @@ blends towards the live weights after each optimizer step.  Nothing in torch say
   optimizer step and decays that many times too fast (F5-TTS#631).
 
 Copies are known from ``Parameter.__deepcopy__`` (``copy.deepcopy(model)``,
-``AveragedModel``, timm's ``ModelEma``, ema_pytorch).  Watched are the copies no
+``AveragedModel``, timm's ``ModelEma``, ema_pytorch) and from ``Module.load_state_dict``
+of another model's live ``state_dict()`` (a teacher or target network built on its own
+and loaded from the student, as DINO and DQN do).  Watched are the copies no
 optimizer holds of parameters an optimizer holds; a write is seen through the copy's
 version counter (writes through ``.data``, which has a counter of its own, are not seen
 and not judged).  A write that leaves the copy equal to its source (a plain copy, a hard
@@ -24,7 +26,7 @@ precision it is the rule.
 from __future__ import annotations
 
 import weakref
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -44,8 +46,13 @@ class AveragedCopies:
     """Deep copies of trained parameters, a few of their values at the latest judgement,
     and writes made between two backwards with no optimizer step in between."""
 
-    def __init__(self, held_by_optimizer: Callable[[torch.Tensor], bool]) -> None:
+    def __init__(self, held_by_optimizer: Callable[[torch.Tensor], bool],
+                 optimized_parameters: Callable[[], list[torch.Tensor]]) -> None:
         self._held = held_by_optimizer
+        self._optimized = optimized_parameters
+        #: parameters loaded from another model's live storage whose source is not known yet
+        self._pending: WeakIdKeyDictionary[torch.Tensor, tuple[int, tuple[int, ...]]] = WeakIdKeyDictionary()
+        self._optimized_when_resolved = -1
         self._sources: WeakIdKeyDictionary[torch.Tensor, weakref.ref[torch.Tensor]] = (
             WeakIdKeyDictionary())
         self._judged_version: WeakIdKeyDictionary[torch.Tensor, int] = WeakIdKeyDictionary()
@@ -65,7 +72,44 @@ class AveragedCopies:
             return deepcopy
         return [patch_attribute(torch.nn.Parameter, "__deepcopy__", make)]
 
+    def loaded_from(self, module: torch.nn.Module, state_dict: Any) -> None:
+        """After ``module.load_state_dict(state_dict)``: its parameters given a live
+        parameter's own storage (another model's ``state_dict()``) are copies of it.  The
+        source is found once an optimizer holds it (a student is often loaded from before its
+        optimizer is built)."""
+        if not isinstance(state_dict, Mapping):
+            return
+        for name, param in module.named_parameters():
+            value = state_dict.get(name)
+            if isinstance(value, torch.Tensor) and value.data_ptr():
+                self._pending[param] = (value.data_ptr(), tuple(value.shape))
+        self._resolve()
+
+    def _resolve(self) -> None:
+        if not self._pending:
+            return
+        optimized = self._optimized()
+        if len(optimized) == self._optimized_when_resolved:
+            return
+        self._optimized_when_resolved = len(optimized)
+        live = {(param.data_ptr(), tuple(param.shape)): param for param in optimized}
+        for param, storage in list(self._pending.items()):
+            source = live.get(storage)
+            if source is not None:
+                del self._pending[param]
+                if source is not param:
+                    self._sources[param] = weakref.ref(source)
+
+    def is_average(self, param: torch.Tensor) -> bool:
+        """A copy of parameters an optimizer trains that no optimizer holds: an EMA, a
+        momentum teacher, a target network."""
+        self._resolve()
+        source_ref = self._sources.get(param)
+        source = source_ref() if source_ref is not None else None
+        return source is not None and self._held(source) and not self._held(param)
+
     def _watched(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        self._resolve()
         for copied, source_ref in list(self._sources.items()):
             source = source_ref()
             if source is not None and self._held(source) and not self._held(copied):

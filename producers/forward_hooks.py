@@ -81,7 +81,8 @@ class ForwardHooks:
                 # list), with trainable parameters no optimizer holds: never trained
                 ctx["unregistered"] = True
             if module.training and ctx["grad"]:
-                keeps = keeps_frozen_statistics(module, self.ownership.held_only_while_toggled_off)
+                keeps = keeps_frozen_statistics(module, self.ownership.held_only_while_toggled_off,
+                                                self.contracts.averaged_copies.is_average)
                 if keeps is not None:
                     ctx["contract"] = {"frozen_norm_keeps_stats": keeps}
             elif not module.training and not ctx["grad"] and isinstance(module, _BatchNorm):

@@ -9,7 +9,9 @@ training loops lose that to a ``model.train()`` after each validation (Lightning
 carries the contract ``frozen_norm_keeps_stats``: its affine parameters are not all
 frozen.  Momentum and teacher encoders (MoCo, BYOL, DINO) run their BatchNorm layers in
 training mode on purpose, but without gradients: those forwards are not judged, nor
-are layers without affine parameters or running statistics, nor a momentum of 0.  Nor
+are layers without affine parameters or running statistics, nor a momentum of 0, nor the
+layers of a weight average (an EMA teacher DINO runs with gradients enabled: its
+parameters are copies of trained ones that no optimizer holds).  Nor
 are layers whose optimizers are switched off as a whole: a GAN freezes one network while
 the other one's update runs through it (CycleGAN's ``set_requires_grad``, Lightning's
 ``toggle_optimizer``), and both networks' statistics follow training on purpose.  A
@@ -26,7 +28,8 @@ import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
 
-def keeps_frozen_statistics(module: torch.nn.Module, toggled_off: Callable[[torch.Tensor], bool]) -> bool | None:
+def keeps_frozen_statistics(module: torch.nn.Module, toggled_off: Callable[[torch.Tensor], bool],
+                            is_average: Callable[[torch.Tensor], bool]) -> bool | None:
     """For a training-mode forward with gradients: False when a BatchNorm layer whose
     affine parameters are all frozen, and not held only by optimizers switched off as a
     whole (``toggled_off``), will update its running statistics; None where the contract
@@ -38,4 +41,6 @@ def keeps_frozen_statistics(module: torch.nn.Module, toggled_off: Callable[[torc
         return None
     if any(param.requires_grad for param in params):
         return True
-    return None if any(toggled_off(param) for param in params) else False
+    if any(toggled_off(param) for param in params) or all(is_average(param) for param in params):
+        return None
+    return False

@@ -143,6 +143,8 @@ def _load_state_dict(tracer: "Tracer") -> Callable[[Callable[..., Any]], Callabl
                 try:
                     loaded = _loaded_parameters(self, state_dict, placeholders)
                     tracer.ownership.loaded(loaded)
+                    if outermost:
+                        tracer.contracts.averaged_copies.loaded_from(self, state_dict)
                     tracer.contracts.restarts.restored(loaded)
                     tracer.contracts.rewinds.after_load(before)
                 except Exception as exc:

@@ -138,6 +138,10 @@ class ParameterOwnership:
                 alive.append((optimizer_id(index), [p for group in optimizer.param_groups for p in group.get("params", ())]))
         return alive
 
+    def optimized_parameters(self) -> list[torch.Tensor]:
+        """The parameters the live optimizers hold."""
+        return [param for _, params in self.live_optimizers() for param in params]
+
     def known_parameters(self) -> list[torch.Tensor]:
         """Every parameter still alive that registration or training made known."""
         return [param for ref in self._by_address.values() if (param := ref()) is not None]

@@ -264,6 +264,28 @@ def test_an_optimizer_rebuilt_after_restoring_the_model_from_a_checkpoint_keeps_
     assert len(kept) == 12 and all(kept)
 
 
+def test_an_optimizer_rebuilt_after_rewinding_the_weights_by_hand_keeps_the_contract(tmp_path):
+    """The lottery-ticket recipe copies the initial weights back in place (masked) and
+    builds a new optimizer for each round: a restart on purpose, like a restore."""
+    model = _model()
+    initial = {name: p.detach().clone() for name, p in model.named_parameters()}
+
+    def steps(optimizer):
+        for _ in range(2):
+            optimizer.zero_grad()
+            _backward(model)
+            optimizer.step()
+
+    with producers.instrument(run_id="r-rewind", trace_dir=tmp_path, quiet=True):
+        steps(torch.optim.Adam(model.parameters(), lr=1e-2))
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                param.copy_(initial[name] * (param.abs() > 1e-3))
+        steps(torch.optim.Adam(model.parameters(), lr=1e-2))
+        steps(torch.optim.Adam(model.parameters(), lr=1e-2))  # no rewind this time: state thrown away
+    assert _step_contracts(tmp_path) == [True, True, True, True, False, True]
+
+
 def test_a_reset_where_a_part_of_the_model_starts_to_train_is_a_new_phase(tmp_path):
     """Progressive growing resets Adam over the same parameters when the next block starts
     to run (its gradients appear for the first time); an unused head never counts."""
@@ -458,6 +480,30 @@ def test_a_frozen_batchnorm_left_in_training_mode_breaks_the_contract_on_each_fo
             critic(generator(torch.randn(8, 4))).mean().backward()
             opt_g.step()
     assert _norm_contracts(tmp_path) == [True, True, False, False, True, True]
+
+
+def test_a_teacher_loaded_from_the_student_runs_its_batchnorm_in_training_mode_by_design(tmp_path):
+    """DINO builds its EMA teacher on its own, loads it from the student's state dict and
+    runs it in training mode with gradients enabled: a weight average, not a frozen
+    backbone.  A backbone loaded from a checkpoint's tensors and left in train() is."""
+    def network():
+        return nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
+
+    student, teacher, probe_backbone = network(), network(), network()
+    head = nn.Linear(2, 1)
+    with producers.instrument(run_id="r-teacher-bn", trace_dir=tmp_path, quiet=True):
+        teacher.load_state_dict(student.state_dict())
+        teacher.requires_grad_(False)
+        probe_backbone.load_state_dict({k: v.clone() for k, v in student.state_dict().items()})
+        probe_backbone.requires_grad_(False)
+        optimizer = torch.optim.SGD(list(student.parameters()) + list(head.parameters()), lr=0.01)
+        for _ in range(2):
+            optimizer.zero_grad()
+            target = teacher(torch.randn(8, 4)).softmax(-1)  # no torch.no_grad(), as DINO
+            (student(torch.randn(8, 4)).log_softmax(-1) * target).sum().backward()
+            head(probe_backbone(torch.randn(8, 4))).mean().backward()
+            optimizer.step()
+    assert _norm_contracts(tmp_path) == [True, False, True, False]
 
 
 def test_a_batchnorm_frozen_inside_a_model_whose_optimizer_trains_the_rest_breaks_it(tmp_path):
