@@ -212,6 +212,8 @@ def _begin(
         tracer.contracts.accumulation.backward(args[0] if args else kwargs.get("tensors"))
         if tracer.contracts.foreign_grads.waiting and tracer.ownership.several_optimizers():
             tracer.contracts.foreign_grads.backward_begins(tracer.ownership.live_optimizers())
+        if tracer.stage == "eval" and _trains_nothing(tracer.ownership.optimized_parameters()):
+            extra = {"trained": False}  # gradients of inputs alone (Langevin sampling, an attack on a frozen model)
     if spec.api == CLIP_GRAD_NORM:
         contract = {"unscaled_grads": not tracer.contracts.loss_scale.scaled}
         tracer.contracts.wasted_grads.inspected()
@@ -246,6 +248,11 @@ def _begin(
             extra = tracer.init_target_facts(args[0])
     return tracer.begin_call(spec.api, name, call_args, extra=extra, stage=spec.stage, optimizer=optimizer,
                              contract=contract)
+
+
+def _trains_nothing(optimized: list[torch.Tensor]) -> bool:
+    """Optimizers exist and none of their parameters takes a gradient now."""
+    return bool(optimized) and not any(param.requires_grad for param in optimized)
 
 
 def _clearing_contract(tracer: Tracer, api: str, extra: dict[str, Any]) -> dict[str, bool] | None:

@@ -69,3 +69,26 @@ def test_a_model_an_optimizer_trains_is_evaluated_in_eval_mode(tmp_path):
             with torch.no_grad():
                 model(torch.rand(2, 3, 8, 8))
     assert _stages(tmp_path, "torch.nn.Module.forward")[-1] == "eval"
+
+
+def test_a_backward_for_input_gradients_alone_inside_training_is_no_training_backward(tmp_path):
+    """An energy model's training step samples negatives by Langevin dynamics: the model
+    in eval(), every parameter frozen, backward for the inputs' gradients.  That backward
+    trains nothing (``trained: False``); one reaching trainable parameters is judged."""
+    model = nn.Sequential(nn.Linear(4, 16), nn.Dropout(0.1), nn.Linear(16, 1))
+    with producers.instrument(run_id="r-langevin", trace_dir=tmp_path, quiet=True):
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        for frozen in (True, False):
+            model.eval()
+            model.requires_grad_(not frozen)
+            samples = torch.randn(8, 4, requires_grad=True)
+            model(samples).sum().backward()
+            model.requires_grad_(True)
+            model.train()
+            optimizer.zero_grad()
+            model(torch.randn(8, 4)).pow(2).mean().backward()
+            optimizer.step()
+    (batches,) = read_trace_dir(tmp_path).values()
+    backwards = [e for b in batches for e in b["events"]
+                 if e.get("api") == "torch.Tensor.backward" and e.get("phase") == "pre" and e["stage"] == "eval"]
+    assert [e.get("trained") for e in backwards] == [False, None]
