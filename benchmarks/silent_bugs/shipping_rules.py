@@ -17,7 +17,9 @@ a candidate ships only with evidence that it is a law of training code, not a ha
   value; output dtypes only under an active autocast; argument values only for the
   ``training`` flag (``p = 0.5``, ``inplace = False`` are configuration);
 * **setup is free**: no "X is never called during setup", no initialiser argument
-  agreeing across ranks call by call (rank 0 alone may build a checkpoint);
+  agreeing across ranks call by call (rank 0 alone may build a checkpoint), and no
+  "a model is never built or rewritten after an evaluation" (a staged program builds its
+  next model there, and evaluations swap weights in);
 * **harmless calls are no law**: no "gradients are never cleared in stage S", no "a
   loss is never computed in stage S" (a validation loss is good practice), nothing
   about when a state dict is restored or an epoch starts but their contracts
@@ -211,6 +213,23 @@ def is_setup_call_agreement(invariant: Mapping[str, Any]) -> bool:
             and str(params.get("api", "")).startswith(INIT_PREFIX))
 
 
+#: calls that build or rewrite a model: what a program does between an evaluation and the
+#: next training forward
+CONSTRUCTION_APIS = frozenset({"torch.distributed.init_process_group", "torch.Tensor.param_overwrite"})
+
+
+def is_construction_after_eval(invariant: Mapping[str, Any]) -> bool:
+    """"An initialiser (a process group, a write of a parameter's data) is never called in
+    stage 'eval'": the stage stays 'eval' from an evaluation to the next training forward,
+    and that is where a staged program builds its next model or head, and where weights
+    are swapped for the evaluation (``p.data = ema``); re-initialising what training
+    learned is judged in stage 'train', on the initialiser's target."""
+    params = invariant["params"]
+    api = str(params.get("api", ""))
+    return (invariant["relation"] == "APIAbsent" and params.get("stage") == "eval"
+            and (api.startswith(INIT_PREFIX) or api in CONSTRUCTION_APIS))
+
+
 def is_setup_habit(invariant: Mapping[str, Any]) -> bool:
     """"X is never called in stage 'init'": the setup window is where a program may do
     anything (a dry-run forward for shapes, a warm-up, a model summary); what the
@@ -302,6 +321,8 @@ def evidence_reasons(invariant: Mapping[str, Any], support: Mapping[str, set[str
         reasons.append("a collective's absence from training: the framework's habit, not a law")
     if is_setup_habit(invariant):
         reasons.append("an API's absence from setup: setup may do anything")
+    if is_construction_after_eval(invariant):
+        reasons.append("building or rewriting a model never called after an evaluation: staged programs do")
     if is_harmless_absence(invariant):
         reasons.append("clearing gradients or computing a loss never called in a stage: harmless anywhere")
     if is_module_before_loss(invariant):
