@@ -13,6 +13,7 @@ optimizers) may live on an accelerator, and reading it would block the step.
 
 from __future__ import annotations
 
+import numbers
 import weakref
 
 import torch
@@ -22,11 +23,13 @@ ZERO_STEPS_ALLOWED = 1
 
 
 def plain_rates(optimizer: torch.optim.Optimizer) -> list[float] | None:
-    """The groups' learning rates, or None when any is not a plain number."""
+    """The groups' learning rates, or None when any is not a plain number.  NumPy scalars
+    count: schedules computed as arrays (DINO's and MAE's ``cosine_scheduler``) write
+    ``np.float64`` values into the groups."""
     rates = [group.get("lr") for group in optimizer.param_groups]
-    if not rates or any(type(rate) not in (int, float) for rate in rates):
+    if not rates or not all(isinstance(rate, numbers.Real) and not isinstance(rate, bool) for rate in rates):
         return None
-    return rates
+    return [float(rate) for rate in rates]
 
 
 def all_rates_zero(optimizer: torch.optim.Optimizer) -> bool:

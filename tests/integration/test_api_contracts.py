@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
+import pytest
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -323,11 +326,14 @@ def test_a_peek_at_the_first_batch_before_set_epoch_is_not_the_epochs_pass(tmp_p
     assert _contracts(tmp_path, DATALOADER_EPOCH) == [{"reshuffles_each_epoch": True}] * 3
 
 
-def test_steps_at_a_zero_learning_rate_after_learning_break_the_contract_from_the_second_one(tmp_path):
+@pytest.mark.parametrize("number", [float, np.float64], ids=["float", "numpy"])
+def test_steps_at_a_zero_learning_rate_after_learning_break_the_contract_from_the_second_one(tmp_path, number):
+    """Rates written as NumPy scalars (schedules computed as arrays, DINO's
+    ``cosine_scheduler``) are read like floats."""
     model = _model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     # warm-up from zero, two steps of learning, a schedule that ends after step 3
-    rates = [0.0, 0.0, 1e-3, 5e-4, 0.0, 0.0, 0.0, 1e-3, 0.0]
+    rates = [number(rate) for rate in (0.0, 0.0, 1e-3, 5e-4, 0.0, 0.0, 0.0, 1e-3, 0.0)]
     capturable = torch.optim.Adam(_model().parameters(), lr=torch.tensor(0.0))
     with producers.instrument(run_id="r-lr", trace_dir=tmp_path, quiet=True):
         for rate in rates:

@@ -91,7 +91,7 @@ def test_writes_through_data_are_not_seen_and_not_judged(tmp_path):
 
 def test_copies_held_by_an_optimizer_are_trained_models_not_averages():
     held: set[int] = set()
-    copies = AveragedCopies(lambda tensor: id(tensor) in held)
+    copies = AveragedCopies(lambda tensor: id(tensor) in held, list)
     handles = copies.install()
     try:
         model = nn.Linear(8, 8)
