@@ -212,8 +212,8 @@ def _begin(
         tracer.contracts.accumulation.backward(args[0] if args else kwargs.get("tensors"))
         if tracer.contracts.foreign_grads.waiting and tracer.ownership.several_optimizers():
             tracer.contracts.foreign_grads.backward_begins(tracer.ownership.live_optimizers())
-        if tracer.stage == "eval" and _trains_nothing(tracer.ownership.optimized_parameters()):
-            extra = {"trained": False}  # gradients of inputs alone (Langevin sampling, an attack on a frozen model)
+    if spec.api in BACKWARD_APIS and tracer.stage == "eval" and _trains_nothing(tracer.ownership.optimized_parameters()):
+        extra = {"trained": False}  # gradients of inputs alone (Langevin sampling, an attack on a frozen model)
     if spec.api == CLIP_GRAD_NORM:
         contract = {"unscaled_grads": not tracer.contracts.loss_scale.scaled}
         tracer.contracts.wasted_grads.inspected()
