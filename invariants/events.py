@@ -305,7 +305,9 @@ DATALOADER_EPOCH = "torch.utils.data.DataLoader.__iter__"
 #: copy restored from a checkpoint, not one another optimizer replaced);
 #: ``updates_move_average`` — writes into a half-precision deep copy of trained weights (an
 #: EMA) move it where it differs from them; ``averages_once_per_step`` — such a copy is
-#: not averaged between two backwards without an optimizer step (per micro-batch).
+#: not averaged between two backwards without an optimizer step (per micro-batch);
+#: ``resumes_loaded_weights`` — an optimizer's first step after a resume steps no parameter
+#: re-initialised since a load gave it its values.
 CONTRACTS: dict[str, str] = {
     "unscaled_grads": CLIP_GRAD_NORM,
     "replaces_weights": MODULE_LOAD_STATE_DICT,
@@ -328,6 +330,7 @@ CONTRACTS: dict[str, str] = {
     "schedules_stepping_optimizer": OPTIMIZER_STEP,
     "updates_move_average": OPTIMIZER_STEP,
     "averages_once_per_step": OPTIMIZER_STEP,
+    "resumes_loaded_weights": OPTIMIZER_STEP,
     "resumes_schedule": SCHEDULER_STEP,
     "steps_once_per_epoch": SCHEDULER_STEP,
     "compares_like_shapes": TENSOR_BACKWARD,

@@ -15,7 +15,8 @@ its cached casts, which frozen parameters each optimizer had trained, and each o
 accumulation cycle within one training pass, and which optimizers' gradients a backward
 that fed another optimizer's step changed, and which BatchNorm layers' statistics were
 seen fitted, and how often each schedule was stepped since its optimizer's latest step,
-and which deep copies of trained parameters the program averages into.
+which deep copies of trained parameters the program averages into, and which loaded
+parameters were re-initialised before a resumed optimizer stepped them.
 They live together here so that the tracer holds one object for all of them.
 """
 
@@ -40,6 +41,7 @@ from .learning_rates import LearningRates
 from .loss_averaging import AccumulatedLosses
 from .optimizer_restarts import OptimizerRestarts
 from .replayed_rngs import ReplayedRngs
+from .resumed_weights import ResumedWeights
 from .sampler_epochs import SamplerEpochs
 from .clip_bounds import ClipBounds
 from .schedule_cadence import ScheduleCadence
@@ -79,6 +81,7 @@ class ContractFacts:
     clip_bounds: ClipBounds
     schedule_targets: ScheduleTargets
     averaged_copies: AveragedCopies
+    resumed_weights: ResumedWeights
 
     def at_step(self, optimizer: torch.optim.Optimizer, optimizer_name: str,
                 roots: Callable[[], list[torch.nn.Module]], ownership: "ParameterOwnership",
@@ -111,6 +114,7 @@ class ContractFacts:
             "schedules_stepping_optimizer": self.schedule_targets.schedules_stepping_optimizer(optimizer, in_model),
             "updates_move_average": moves_average,
             "averages_once_per_step": averages_once,
+            "resumes_loaded_weights": self.resumed_weights.resumes_loaded_weights(optimizer),
         }
 
     def backward_ran(self, keeps_graph: bool) -> None:
@@ -139,4 +143,4 @@ class ContractFacts:
                    WastedGrads(), EvalWeights(), AccumulatedLosses(), ScheduleResumes(), EpochSchedules(),
                    StoredSamples(), AutocastCache(), FrozenUpdates(), EpochTails(),
                    ForeignGrads(), FittedNorms(), ScheduleCadence(), ClipBounds(), ScheduleTargets(),
-                   AveragedCopies(ownership.held_by_optimizer, ownership.optimized_parameters))
+                   AveragedCopies(ownership.held_by_optimizer, ownership.optimized_parameters), ResumedWeights())

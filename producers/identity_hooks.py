@@ -109,6 +109,7 @@ def _optimizer_load_state_dict(tracer: "Tracer") -> Callable[[Callable[..., Any]
                     tracer.contracts.rewinds.state_restored(self)
                     tracer.contracts.eval_weights.state_loaded(self)
                     tracer.contracts.schedule_resumes.optimizer_loaded(self)
+                    tracer.contracts.resumed_weights.optimizer_loaded(self)
                 except Exception as exc:
                     tracer.internal_error("optimizer state load", exc)
             return result
@@ -143,6 +144,7 @@ def _load_state_dict(tracer: "Tracer") -> Callable[[Callable[..., Any]], Callabl
                 try:
                     loaded = _loaded_parameters(self, state_dict, placeholders)
                     tracer.ownership.loaded(loaded)
+                    tracer.contracts.resumed_weights.loaded(_loaded_parameters(self, state_dict, set()))
                     if outermost:
                         tracer.contracts.averaged_copies.loaded_from(self, state_dict)
                     tracer.contracts.restarts.restored(loaded)

@@ -193,6 +193,8 @@ class Tracer(StepBoundaries, ForwardHooks, StageSwitching, WorkerReports, JoinSh
         """What an initialiser is about to destroy: ``trained``, its target was updated by
         training in this run; ``learned``, it holds learned values (trained, or loaded
         by ``Module.load_state_dict``)."""
+        if isinstance(tensor, torch.Tensor):
+            self.contracts.resumed_weights.initialised(tensor)
         param = self.ownership.parameter_of(tensor) if isinstance(tensor, torch.Tensor) else None
         if param is None:
             return {"trained": False, "learned": False}

@@ -25,7 +25,8 @@ a candidate ships only with evidence that it is a law of training code, not a ha
   about when a state dict is restored or an epoch starts but their contracts
   (``MIN_POSITIVES_RARE_CALLS`` examples are enough there: a run restores and starts
   epochs a few times, not every step; the same holds for the contracts judged once an
-  epoch, ``PER_EPOCH_CONTRACTS``), no "a module's forward comes before the loss"
+  epoch, ``PER_EPOCH_CONTRACTS``, and once a resume, ``PER_RESUME_CONTRACTS``), no "a
+  module's forward comes before the loss"
   (models written with raw tensors have none);
 * **data is not a law**: a module's or a loss's input agreeing across data-parallel
   ranks is refused (each rank pads its own batch), and so is a loss's output dtype
@@ -71,6 +72,9 @@ MIN_POSITIVES_RARE_CALLS = 6
 #: so they count epochs like the restores and epoch starts above; the pipelines, styles
 #: and validation runs they need stay.
 PER_EPOCH_CONTRACTS = frozenset({"steps_once_per_epoch", "fresh_dataset_rng"})
+#: Contracts judged once per resume from a checkpoint (an optimizer's first step after
+#: ``Optimizer.load_state_dict``): the references resume twice a run at most.
+PER_RESUME_CONTRACTS = frozenset({"resumes_loaded_weights"})
 #: APIs recorded for their contract alone: when and after what a program restores a
 #: state dict or starts an epoch is its own choice, so no other rule may name them
 CONTRACT_ONLY_APIS = frozenset({MODULE_LOAD_STATE_DICT, DATALOADER_EPOCH})
@@ -120,7 +124,8 @@ def min_positives(invariant: Mapping[str, Any]) -> int:
     if invariant["params"].get("first_forward") is True:
         return MIN_POSITIVES_FIRST_FORWARDS
     if invariant["relation"] == "ApiContract" and (invariant["params"].get("api") in CONTRACT_ONLY_APIS
-                                                   or invariant["params"].get("contract") in PER_EPOCH_CONTRACTS):
+                                                   or invariant["params"].get("contract")
+                                                   in PER_EPOCH_CONTRACTS | PER_RESUME_CONTRACTS):
         return MIN_POSITIVES_RARE_CALLS
     return MIN_POSITIVES
 

@@ -70,6 +70,8 @@ DESCRIPTIONS: dict[str, str] = {
                              "(a deep copy of trained weights no optimizer holds) where it differs from the weights"),
     "averages_once_per_step": ("{api} follows a weight average (a deep copy of trained weights no optimizer holds) "
                                "written at most once between two backwards with no optimizer step in between"),
+    "resumes_loaded_weights": ("{api} of an optimizer resumed from a checkpoint never steps parameters "
+                               "re-initialised since the checkpoint's weights were loaded into them"),
     "resumes_schedule": ("{api} never starts a schedule over from epoch 0 for an optimizer resumed from a "
                          "checkpoint"),
     "steps_once_per_epoch": ("{api} of a StepLR/MultiStepLR counts epochs: stepped per iteration it never lowers "
@@ -196,6 +198,11 @@ HINTS: dict[str, str] = {
                                "per step over unchanged weights and its decay runs that many times too fast; update it "
                                "only after the optimizer stepped (inside accelerate's accumulate(): when "
                                "accelerator.sync_gradients)"),
+    "resumes_loaded_weights": ("the weights loaded from the checkpoint were re-initialised before training resumed "
+                               "(an init or reset_parameters() run after load_state_dict), while the optimizer's "
+                               "state, step count and schedule were restored: training goes on from fresh weights "
+                               "with moments built for others; initialise before loading, or skip initialisation "
+                               "when restarting from a checkpoint"),
     "schedules_stepping_optimizer": ("a learning-rate schedule was stepped over an optimizer that training no longer "
                                      "steps: its rates decay on paper (get_last_lr) while the optimizer that steps "
                                      "keeps its own; a scheduler restored from a checkpoint may hold a pickled copy "
