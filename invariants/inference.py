@@ -78,6 +78,8 @@ class Inferencer:
         #: that only trust families present in most steps of every trace using them)
         self.trace_windows: list[int] = []
         self.family_windows: dict[tuple[str, tuple], Counter] = {}
+        #: per (relation, trace): the rank-windows its template judges, where that differs
+        self.counted_windows: Counter = Counter()
 
     # ------------------------------------------------------------------ feeding
     def observe(self, window: WindowState) -> None:
@@ -101,6 +103,8 @@ class Inferencer:
                 template.infer_observe(view, self.custom.setdefault(template.relation, {}))
                 continue
             relation = template.relation
+            if template.min_window_fraction:
+                self.counted_windows[(relation, trace)] += template.windows_counted(view)
             signature = self._signature
             fields = template.inference_fields
             last_records: Any = None
@@ -173,7 +177,8 @@ class Inferencer:
         if not fraction:
             return True
         per_trace = self.family_windows.get(fkey, Counter())
-        return all(count >= fraction * self.trace_windows[trace] for trace, count in per_trace.items())
+        relation = fkey[0]
+        return all(count >= fraction * self.counted_windows[(relation, trace)] for trace, count in per_trace.items())
 
     def _emit(self, found: dict[str, Invariant], template: Template, family: tuple, value: Any,
               positive: Counter, negative: Counter) -> None:

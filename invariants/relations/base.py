@@ -141,6 +141,10 @@ class Template:
     #: record fields inference may build preconditions from (None = all of them)
     inference_fields: frozenset[str] | None = None
 
+    def windows_counted(self, view: "WindowView") -> int:
+        """Rank-windows of this window that count towards ``min_window_fraction``."""
+        return len(view.ranks())
+
     def sites(self, view: WindowView, mode: Mode) -> Iterator[Site]:
         """Every testable site ``mode`` wants (`INFER`: all of them; `Checking`: those
         of its families, less the boolean ones that held)."""

@@ -85,13 +85,21 @@ class APISequence(Template):
     def allows_precondition(self, family: tuple) -> bool:
         return True  # records carry only stage/step_is_first, so that is all a rule can say
 
+    def windows_counted(self, view: WindowView) -> int:
+        """A later window of an optimizer's first step is not judged, so it does not count:
+        a program that builds a new optimizer at each resume would otherwise show its
+        training-loop calls in too few windows."""
+        if view.step <= FIRST_ITERATION_STEP:
+            return len(view.ranks())
+        return sum(1 for rank in view.ranks() if not _first_step(view, rank))
+
     def sites(self, view: WindowView, mode: Mode) -> Iterator[Site]:
         checking, families = mode.checking, mode.families
         if view.step <= FIRST_ITERATION_STEP:
             return  # setup, and the first iteration's clear of what no iteration left
         for rank in view.ranks():
             top_level = [call for call in view.calls(rank) if call.get("parent") is None]
-            if any(call["api"] == OPTIMIZER_STEP and call.get("trained") is False for call in top_level):
+            if _first_step(view, rank):
                 continue  # an optimizer's first iteration: nothing before it left gradients
             # (api, optimizers) facts of the calls made directly by user code, in order;
             # the rest are most of a step's calls
@@ -159,3 +167,8 @@ class APISequence(Template):
 
     def violation_evidence(self, params: Mapping[str, Any], site: Site) -> dict[str, Any]:
         return dict(site.get_evidence(), missing_before=params["first"])
+
+
+def _first_step(view: WindowView, rank: int) -> bool:
+    return any(call["api"] == OPTIMIZER_STEP and call.get("trained") is False and call.get("parent") is None
+               for call in view.calls(rank))

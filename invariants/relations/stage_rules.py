@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Iterator, Mapping
 
-from ..events import WORKER_INIT_API
+from ..events import OPTIMIZER_STEP, WORKER_INIT_API
 from ..model import Invariant
 from ..window import FactPlan
 from .base import Mode, Site, Template
@@ -101,9 +101,10 @@ class APIAbsent(Template):
                 api, call_stage = call["api"], call.get("stage", "")
                 if api in WORKER_APIS:
                     continue
-                if call.get("trained") is False:
+                if call.get("trained") is False and api != OPTIMIZER_STEP:
                     # the API exists in this pipeline, but a call on untrained parameters
-                    # (setup, or a brand-new model) is no use of it the rule is about
+                    # (setup, or a brand-new model) is no use of it the rule is about; an
+                    # optimizer's first step (also marked) is a training step like any other
                     api_steps.setdefault((run, api), set())
                     continue
                 apis_here.add(api)
