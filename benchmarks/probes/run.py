@@ -59,9 +59,6 @@ PROBES: tuple[Probe, ...] = (
         "ckpt_accum", "precise_bn", "nan_skip_warmup", "hf_mlm", "hf_weighted_freeze", "hf_accum_best",
         "lightning_gan_clip", "lightning_ckpt_test", "lightning_bf16_predict", "accel_two_models", "hf_gpt2_generate",
         "hf_custom_head", "finetune_phases", "amp_accum_clip", "sampler_train_eval")),
-    # jobs preempted and resumed from a checkpoint twice, each the way its library resumes
-    *(Probe(name, HERE / f"{name}.py", args=("--steps", "9")) for name in (
-        "resume_imagenet", "resume_accelerate", "resume_hf_trainer", "resume_lightning")),
     Probe("tp", HERE / "tp.py", ranks=2),
     Probe("accel_ddp", HERE / "accel_ddp.py", ranks=2),
     Probe("zero_ddp", HERE / "zero_ddp.py", ranks=2),

@@ -172,6 +172,15 @@ CORPUS: tuple[Reference, ...] = (
               modelled_on="NVlabs/stylegan2-ada-pytorch training_loop.py (G_ema)"),
     Reference("hf_trainer_ema_callback", "benchmarks/corpus/hf_trainer_ema_callback.py", style="hf-trainer",
               modelled_on="transformers TrainerCallback docs + torch.optim.swa_utils EMA recipe"),
+    # Jobs preempted and resumed from a checkpoint twice, each the way its library resumes.
+    Reference("imagenet_style_resume", "benchmarks/corpus/imagenet_style_resume.py", style="checkpoint-resume",
+              modelled_on="pytorch/examples imagenet/main.py --resume"),
+    Reference("accelerate_checkpoint_resume", "benchmarks/corpus/accelerate_checkpoint_resume.py",
+              style="accelerate", modelled_on="huggingface/accelerate examples/by_feature/checkpointing.py"),
+    Reference("hf_trainer_resume_from_checkpoint", "benchmarks/corpus/hf_trainer_resume_from_checkpoint.py",
+              style="hf-trainer", modelled_on="transformers Trainer.train(resume_from_checkpoint=...) docs"),
+    Reference("lightning_ckpt_path_resume", "benchmarks/corpus/lightning_ckpt_path_resume.py", style="lightning",
+              modelled_on="Lightning docs 'Saving and loading checkpoints', fit(ckpt_path=...)"),
 )
 
 REFERENCES = REFERENCES + CORPUS
