@@ -26,12 +26,15 @@ precision it is the rule.
 from __future__ import annotations
 
 import weakref
-from typing import Any, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from .patching import PatchHandle, patch_attribute
+
+if TYPE_CHECKING:
+    from .ownership import ParameterOwnership
 
 #: copy tensors whose values are kept to judge their next write, and their size range
 TRACKED = 4
@@ -46,13 +49,13 @@ class AveragedCopies:
     """Deep copies of trained parameters, a few of their values at the latest judgement,
     and writes made between two backwards with no optimizer step in between."""
 
-    def __init__(self, held_by_optimizer: Callable[[torch.Tensor], bool],
-                 optimized_parameters: Callable[[], list[torch.Tensor]]) -> None:
-        self._held = held_by_optimizer
-        self._optimized = optimized_parameters
-        #: parameters loaded from another model's live storage whose source is not known yet
+    def __init__(self, ownership: "ParameterOwnership") -> None:
+        self._ownership = ownership
+        self._held = ownership.held_by_optimizer
+        #: parameters loaded from a state dict whose source (a parameter some optimizer holds
+        #: with the same storage) is not known yet: looked for when optimizers' holdings change
         self._pending: WeakIdKeyDictionary[torch.Tensor, tuple[int, tuple[int, ...]]] = WeakIdKeyDictionary()
-        self._optimized_when_resolved = -1
+        self._resolved_at = -1
         self._sources: WeakIdKeyDictionary[torch.Tensor, weakref.ref[torch.Tensor]] = (
             WeakIdKeyDictionary())
         self._judged_version: WeakIdKeyDictionary[torch.Tensor, int] = WeakIdKeyDictionary()
@@ -83,16 +86,14 @@ class AveragedCopies:
             value = state_dict.get(name)
             if isinstance(value, torch.Tensor) and value.data_ptr():
                 self._pending[param] = (value.data_ptr(), tuple(value.shape))
+        self._resolved_at = -1
         self._resolve()
 
     def _resolve(self) -> None:
-        if not self._pending:
+        if not self._pending or self._ownership.holdings_changed == self._resolved_at:
             return
-        optimized = self._optimized()
-        if len(optimized) == self._optimized_when_resolved:
-            return
-        self._optimized_when_resolved = len(optimized)
-        live = {(param.data_ptr(), tuple(param.shape)): param for param in optimized}
+        self._resolved_at = self._ownership.holdings_changed
+        live = {(param.data_ptr(), tuple(param.shape)): param for param in self._ownership.optimized_parameters()}
         for param, storage in list(self._pending.items()):
             source = live.get(storage)
             if source is not None:

@@ -143,4 +143,4 @@ class ContractFacts:
                    WastedGrads(), EvalWeights(), AccumulatedLosses(), ScheduleResumes(), EpochSchedules(),
                    StoredSamples(), AutocastCache(), FrozenUpdates(), EpochTails(),
                    ForeignGrads(), FittedNorms(), ScheduleCadence(), ClipBounds(), ScheduleTargets(),
-                   AveragedCopies(ownership.held_by_optimizer, ownership.optimized_parameters), ResumedWeights())
+                   AveragedCopies(ownership), ResumedWeights())

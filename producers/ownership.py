@@ -42,6 +42,8 @@ class ParameterOwnership:
         self.stepped: set[int] = set()
         self._untrained: dict[int, tuple[int, bool]] = {}  # id(model) -> (step asked, answer)
         self._input_optimizers: dict[int, weakref.ref[torch.optim.Optimizer]] = {}  # holding plain tensors
+        #: moves whenever an optimizer's parameter set does (what ``optimized_parameters`` lists)
+        self.holdings_changed = 0
 
     # -- parameters ------------------------------------------------------------------------
     def remember(self, param: torch.Tensor) -> None:
@@ -65,7 +67,11 @@ class ParameterOwnership:
     # -- optimizers ----------------------------------------------------------------------
     def optimizer_seen(self, optimizer: torch.optim.Optimizer, index: int) -> None:
         """(Re)read an optimizer's parameters; param groups may be added after construction."""
-        self._optimizers[index] = (weakref.ref(optimizer), optimizer_param_ids(optimizer))
+        ids = optimizer_param_ids(optimizer)
+        previous = self._optimizers.get(index)
+        if previous is None or previous[1] != ids:
+            self.holdings_changed += 1
+        self._optimizers[index] = (weakref.ref(optimizer), ids)
         if any(not isinstance(p, torch.nn.Parameter) for group in optimizer.param_groups for p in group["params"]):
             self._input_optimizers[index] = weakref.ref(optimizer)
 

@@ -22,6 +22,7 @@ import weakref
 from typing import Iterable
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 
 class ResumedWeights:
@@ -29,22 +30,21 @@ class ResumedWeights:
     latest step."""
 
     def __init__(self) -> None:
-        self._loaded: dict[int, weakref.ref[torch.Tensor]] = {}
-        self._reset: dict[int, weakref.ref[torch.Tensor]] = {}
+        self._loaded: WeakIdKeyDictionary[torch.Tensor, bool] = WeakIdKeyDictionary()
+        self._reset: WeakIdKeyDictionary[torch.Tensor, bool] = WeakIdKeyDictionary()
         self._resumed: "weakref.WeakSet[torch.optim.Optimizer]" = weakref.WeakSet()
 
     def loaded(self, params: Iterable[torch.Tensor]) -> None:
         """A load gave these parameters their values (placeholders on the meta device
         included: a resumed job may build its model without memory and load into it)."""
         for param in params:
-            self._reset.pop(id(param), None)
-            self._loaded[id(param)] = weakref.ref(param)
+            self._reset.pop(param, None)
+            self._loaded[param] = True
 
     def initialised(self, tensor: torch.Tensor) -> None:
         """An initialiser overwrote ``tensor``: noted if a load gave it its values."""
-        ref = self._loaded.get(id(tensor))
-        if ref is not None and ref() is tensor:
-            self._reset[id(tensor)] = ref
+        if tensor in self._loaded:
+            self._reset[tensor] = True
 
     def optimizer_loaded(self, optimizer: torch.optim.Optimizer) -> None:
         if any(optimizer.state.values()):
@@ -55,8 +55,4 @@ class ResumedWeights:
         if optimizer not in self._resumed:
             return None
         self._resumed.discard(optimizer)
-        for param in optimizer.state:
-            ref = self._reset.get(id(param))
-            if ref is not None and ref() is param:
-                return False
-        return True
+        return not any(param in self._reset for param in optimizer.state)

@@ -91,7 +91,19 @@ def test_writes_through_data_are_not_seen_and_not_judged(tmp_path):
 
 def test_copies_held_by_an_optimizer_are_trained_models_not_averages():
     held: set[int] = set()
-    copies = AveragedCopies(lambda tensor: id(tensor) in held, list)
+
+    class Holdings:
+        holdings_changed = 0
+
+        @staticmethod
+        def held_by_optimizer(tensor):
+            return id(tensor) in held
+
+        @staticmethod
+        def optimized_parameters():
+            return []
+
+    copies = AveragedCopies(Holdings())
     handles = copies.install()
     try:
         model = nn.Linear(8, 8)
