@@ -7,7 +7,10 @@ every epoch replays the first epoch's order and batch composition on every rank
 such a loader (``DataLoader.__iter__`` with gradients enabled and the model in training
 mode) that an optimizer step follows is recorded with the contract
 ``reshuffles_each_epoch``: the sampler's epoch differs from the one of its previous
-such pass.  Passes without gradients or with the model in evaluation mode (accuracy on
+such pass.  The pass also carries the sampler's ``seed``: PyTorch documents that it must
+be identical across the processes of the group, since every rank draws the same
+permutation and takes its own slice of it; ranks seeded apart draw overlapping shards
+(mlcommons/training PR 625), which a cross-rank rule on that argument sees.  Passes without gradients or with the model in evaluation mode (accuracy on
 the training set at the end of an epoch) are neither judged nor remembered; loaders
 whose sampler does not shuffle record nothing.
 """
@@ -48,25 +51,25 @@ class SamplerEpochs:
 
     def __init__(self) -> None:
         self._last: "weakref.WeakKeyDictionary[DistributedSampler, int]" = weakref.WeakKeyDictionary()
-        self._begun: dict[int, tuple["weakref.ref[DistributedSampler]", int, str]] = {}
+        self._begun: dict[int, tuple["weakref.ref[DistributedSampler]", int, str, Any]] = {}
 
     def begun(self, sampler: DistributedSampler, loader_name: str) -> None:
         epoch = getattr(sampler, "epoch", None)
         if isinstance(epoch, int):
-            self._begun[id(sampler)] = (weakref.ref(sampler), epoch, loader_name)
+            self._begun[id(sampler)] = (weakref.ref(sampler), epoch, loader_name, getattr(sampler, "seed", None))
 
-    def judge_begun(self) -> list[tuple[str, bool]]:
-        """(loader name, starts a new epoch) of each pass begun since the last step."""
+    def judge_begun(self) -> list[tuple[str, bool, Any]]:
+        """(loader name, starts a new epoch, sampler seed) of each pass begun since the last step."""
         if not self._begun:
             return []
         verdicts = []
-        for ref, epoch, loader_name in self._begun.values():
+        for ref, epoch, loader_name, seed in self._begun.values():
             sampler = ref()
             if sampler is None:
                 continue
             last = self._last.get(sampler)
             self._last[sampler] = epoch
-            verdicts.append((loader_name, last is None or last != epoch))
+            verdicts.append((loader_name, last is None or last != epoch, seed))
         self._begun.clear()
         return verdicts
 
@@ -98,5 +101,6 @@ def patch_dataloader_epochs(tracer: "Tracer", judge_samplers: bool) -> PatchHand
 
 def record_trained_passes(tracer: "Tracer") -> None:
     """At an optimizer step: the passes it trains on, each with its contract."""
-    for name, new in tracer.contracts.sampler_epochs.judge_begun():
-        tracer.end_call(tracer.begin_call(DATALOADER_EPOCH, name, {}, contract={"reshuffles_each_epoch": new}))
+    for name, new, seed in tracer.contracts.sampler_epochs.judge_begun():
+        args = {"sampler_seed": seed} if isinstance(seed, int) else {}
+        tracer.end_call(tracer.begin_call(DATALOADER_EPOCH, name, args, contract={"reshuffles_each_epoch": new}))

@@ -127,6 +127,8 @@ def min_positives(invariant: Mapping[str, Any]) -> int:
                                                    or invariant["params"].get("contract")
                                                    in PER_EPOCH_CONTRACTS | PER_RESUME_CONTRACTS):
         return MIN_POSITIVES_RARE_CALLS
+    if is_rank_agreement(invariant) and invariant["params"].get("api") in CONTRACT_ONLY_APIS:
+        return MIN_POSITIVES_RARE_CALLS
     return MIN_POSITIVES
 
 
@@ -192,13 +194,21 @@ def is_harmless_absence(invariant: Mapping[str, Any]) -> bool:
 
 
 def is_contract_only_habit(invariant: Mapping[str, Any]) -> bool:
-    """Any rule but the contract about an API recorded for its contract alone: whether,
-    where and after what a program restores a state dict (a resume mid-run, an EMA swap
-    before evaluation, the best weights before a test) or starts an epoch is its own
-    choice."""
+    """Any rule but the contract, or an argument agreeing across ranks, about an API
+    recorded for its contract alone: whether, where and after what a program restores a
+    state dict (a resume mid-run, an EMA swap before evaluation, the best weights before
+    a test) or starts an epoch is its own choice.  The arguments such an API records are
+    recorded for a law about ranks (a shuffling ``DistributedSampler``'s seed, which
+    PyTorch requires to be identical across processes)."""
     params = invariant["params"]
     named = {params.get(key) for key in ("api", "first", "then", "child")}
+    if is_rank_agreement(invariant):
+        return False
     return invariant["relation"] != "ApiContract" and bool(CONTRACT_ONLY_APIS & named)
+
+
+def is_rank_agreement(invariant: Mapping[str, Any]) -> bool:
+    return invariant["relation"] == "APIArg" and invariant["params"].get("form") == "ranks"
 
 
 def is_module_before_loss(invariant: Mapping[str, Any]) -> bool:

@@ -326,6 +326,26 @@ def test_a_peek_at_the_first_batch_before_set_epoch_is_not_the_epochs_pass(tmp_p
     assert _contracts(tmp_path, DATALOADER_EPOCH) == [{"reshuffles_each_epoch": True}] * 3
 
 
+def test_a_training_pass_carries_its_samplers_seed_for_the_cross_rank_rule(tmp_path):
+    """PyTorch requires a ``DistributedSampler``'s seed to be identical across processes:
+    each rank takes its slice of one permutation, so ranks seeded apart draw overlapping
+    shards (mlcommons/training PR 625).  The seed travels with the pass."""
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = TensorDataset(torch.randn(16, 4))
+    sampler = DistributedSampler(data, num_replicas=2, rank=1, shuffle=True, seed=7 + 1)
+    with producers.instrument(run_id="r-seed", trace_dir=tmp_path, quiet=True):
+        for epoch in range(2):
+            sampler.set_epoch(epoch)
+            for (x,) in DataLoader(data, batch_size=4, sampler=sampler):
+                optimizer.zero_grad()
+                model(x).pow(2).mean().backward()
+                optimizer.step()
+    passes = [event for _, event in trace_events(trace_batches(tmp_path))
+              if event["kind"] == "call" and event["phase"] == "pre" and event["api"] == DATALOADER_EPOCH]
+    assert [event["args"] for event in passes] == [{"sampler_seed": 8}] * 2
+
+
 @pytest.mark.parametrize("number", [float, np.float64], ids=["float", "numpy"])
 def test_steps_at_a_zero_learning_rate_after_learning_break_the_contract_from_the_second_one(tmp_path, number):
     """Rates written as NumPy scalars (schedules computed as arrays, DINO's

@@ -137,6 +137,16 @@ def test_curation_rules_keep_behaviour_and_drop_artefacts():
     assert is_data_agreement(same_input)
     assert not is_data_agreement({**same_input, "params": {**same_input["params"], "api": "torch.distributed.all_reduce"}})
 
+    from shipping_rules import MIN_POSITIVES_RARE_CALLS, is_contract_only_habit, min_positives
+
+    epoch_pass = "torch.utils.data.DataLoader.__iter__"
+    sampler_seed = {"relation": "APIArg", "params": {"api": epoch_pass, "arg": "sampler_seed", "form": "ranks"}}
+    assert not is_contract_only_habit(sampler_seed)
+    assert min_positives(sampler_seed) == MIN_POSITIVES_RARE_CALLS
+    assert is_contract_only_habit({"relation": "APIAbsent", "params": {"api": epoch_pass, "stage": "eval"}})
+    assert is_contract_only_habit({"relation": "APISequence", "params": {"first": epoch_pass,
+                                                                         "then": "torch.optim.Optimizer.step"}})
+
     guarded = {"id": "inv-x", "apis": ["torch.utils.data.worker_init"], "precondition": autocast}
     assert without_helper_context_guard(guarded) == {"apis": ["torch.utils.data.worker_init"], "precondition": None}
     other = {"id": "inv-y", "apis": ["torch.nn.Module.forward"], "precondition": autocast}
