@@ -58,6 +58,7 @@ def note_meta(facts: RankFacts, event: Any) -> None:
     if what == RUN_END_META:
         facts.run_end = [_count(event.iterations), _count(event.optimizer_steps)]
         facts.left_out_calls = _count(event.left_out_calls) or 0
+        facts.separate_model = event.separate_models is True
     elif what == PRODUCER_STATS_META:
         dropped = _count(event.dropped_batches)
         if dropped:  # cumulative per process: the newest is the largest
@@ -82,6 +83,7 @@ class RankWindow:
     #: run_end's (iterations, optimizer steps) when this window held it
     reported: tuple[int | None, int | None] | None = None
     left_out_calls: int = 0
+    separate_model: bool = False
     dropped_batches: int = 0
     sample_every: int = 1
     unsampled: bool = False
@@ -127,6 +129,7 @@ def window_coverage(window: WindowState) -> WindowCoverage:
             optimizer_steps=steps,
             reported=(reported[0], reported[1]) if reported else None,
             left_out_calls=facts.left_out_calls,
+            separate_model=facts.separate_model,
             dropped_batches=facts.dropped_batches,
             sample_every=facts.sample_every,
             unsampled=facts.unsampled,
@@ -154,6 +157,7 @@ class RankCoverage:
     reported_iterations: int | None = None
     reported_optimizer_steps: int | None = None
     left_out_calls: int = 0  # trainer calls made without a backward that the producer did not record
+    separate_model: bool = False  # never synchronised gradients: parameters not compared across ranks
     dropped_batches: int = 0
 
 
@@ -188,6 +192,7 @@ class RunCoverage:
             rc.optimizer_steps += part.optimizer_steps
             rc.dropped_batches = max(rc.dropped_batches, part.dropped_batches)
             rc.left_out_calls = max(rc.left_out_calls, part.left_out_calls)
+            rc.separate_model = rc.separate_model or part.separate_model
             if part.iteration:
                 rc.iterations += 1
                 if part.unsampled or window.step % self.sample_every:
@@ -247,7 +252,7 @@ class RunCoverage:
                  "missing_windows": r.missing_windows, "unsnapshotted_iterations": r.unsnapshotted,
                  "reported_iterations": r.reported_iterations,
                  "reported_optimizer_steps": r.reported_optimizer_steps, "dropped_batches": r.dropped_batches,
-                 "left_out_calls": r.left_out_calls}
+                 "left_out_calls": r.left_out_calls, "separate_model": r.separate_model}
                 for rank, r in sorted(self.ranks.items())
             ],
         }

@@ -76,6 +76,10 @@ def describe_run(run: RunCoverage) -> str:
     if left_out:
         parts.append(f"{_plural(left_out, 'optimizer or clipping call')} a trainer made without a backward "
                      "not recorded (a statistics pass)")
+    separate = sum(r.separate_model for r in run.ranks.values())
+    if separate:
+        parts.append(f"{_plural(separate, 'rank')} never synchronised gradients (separate models, "
+                     "parameters not compared across ranks)")
     beyond = run.reported_not_checked()
     if beyond:
         parts.append(f"{beyond} more reported by the producer but not checked")

@@ -44,7 +44,7 @@ class RunState:
     """
 
     __slots__ = ("run", "world", "closed_below", "closed_above", "last_step_by_rank", "windows_closed", "violations",
-                 "rank_local", "variable_counts", "ties", "precisions")
+                 "rank_local", "variable_counts", "ties", "precisions", "ended_runs")
 
     def __init__(self, run: str) -> None:
         self.run = run
@@ -63,6 +63,9 @@ class RunState:
         self.ties: list[list[str]] = []
         #: model|module path -> dtypes of its previous training iteration (StablePrecision)
         self.precisions: dict[str, list[str]] = {}
+        #: rank -> the step whose window held its ``run_end``: a rank that ended its run
+        #: is not missing from later steps (uneven work per rank, one done first)
+        self.ended_runs: dict[int, int] = {}
 
     def is_closed(self, step: int) -> bool:
         """A batch for a closed step is late: the caller counts it and drops it."""
@@ -80,7 +83,7 @@ class RunState:
         return msgpack.packb(
             [self.run, self.world, self.closed_below, sorted(self.closed_above), self.last_step_by_rank,
              self.windows_closed, self.violations, self.rank_local, self.variable_counts, self.ties,
-             self.precisions],
+             self.precisions, self.ended_runs],
             use_bin_type=True,
         )
 
@@ -93,6 +96,7 @@ class RunState:
         state.variable_counts = {at: {int(r): n for r, n in per.items()} for at, per in counts.items()}
         state.ties = [list(pair) for pair in rest[2]] if len(rest) > 2 else []
         state.precisions = {str(key): list(dtypes) for key, dtypes in rest[3].items()} if len(rest) > 3 else {}
+        state.ended_runs = {int(rank): int(step) for rank, step in rest[4].items()} if len(rest) > 4 else {}
         state.world, state.closed_below, state.closed_above = world, below, set(above)
         state.last_step_by_rank = {int(k): v for k, v in last.items()}
         state.windows_closed, state.violations = closed, violations
@@ -160,7 +164,7 @@ class Engine:
                         continue
                     self._record(found, counts, compiled, template, site, window)
         if self.report_missing_ranks and window.missing_count():
-            self._record_missing(found, window)
+            self._record_missing(found, window, run_state.ended_runs)
         violations = sorted(found.values(), key=lambda v: v.invariant)
         for vid, count in counts.items():
             if count > 1:
@@ -216,11 +220,17 @@ class Engine:
         if len(more) < MAX_EVIDENCE_ITEMS - 1:
             more.append(template.violation_evidence(inv.params, site))
 
-    def _record_missing(self, found: dict[str, Violation], window: WindowState) -> None:
+    def _record_missing(self, found: dict[str, Violation], window: WindowState, ended_runs: dict[int, int]) -> None:
         """Counts are exact; rank numbers are listed up to `LISTED_RANKS` each, so the
-        record stays small however large the declared world is."""
+        record stays small however large the declared world is.  Ranks whose run ended
+        in an earlier window finished their work (a federated client with fewer
+        rounds, a rank with less data): not missing."""
         inv = ALL_RANKS_REPORT
-        missing = window.missing_ranks()
+        finished = {rank for rank, step in ended_runs.items() if step < window.step and rank not in window.ranks}
+        missing = [rank for rank in window.missing_ranks(LISTED_RANKS + len(finished))
+                   if rank not in finished][:LISTED_RANKS]
+        if not missing:
+            return
         reported = sorted(r for r, f in window.ranks.items() if f.ended)
         found[inv.id] = Violation(
             invariant=inv.id,
@@ -230,16 +240,18 @@ class Engine:
             step=window.step,
             ranks=missing,
             stage=window.stage(),
-            evidence={"first": self._missing_evidence(window.world, missing, reported)},
+            evidence={"first": self._missing_evidence(window.world, missing, reported, len(finished))},
             hint="a rank is stalled, crashed or lost its connection; the others may hang at the next collective",
         )
 
     @staticmethod
-    def _missing_evidence(world: int, missing: list[int], reported: list[int]) -> dict[str, Any]:
+    def _missing_evidence(world: int, missing: list[int], reported: list[int], finished: int) -> dict[str, Any]:
         """World, missing and reported ranks; a list cut to `LISTED_RANKS` comes with its
         exact count (small jobs keep the plain lists)."""
         evidence: dict[str, Any] = {"world": world, "missing": missing, "reported": reported[:LISTED_RANKS]}
-        missing_count = world - len(reported)
+        if finished:
+            evidence["finished_count"] = finished
+        missing_count = world - len(reported) - finished
         if missing_count > len(missing):
             evidence["missing_count"] = missing_count
         if len(reported) > LISTED_RANKS:
@@ -255,3 +267,5 @@ class Engine:
         for rank, facts in window.ranks.items():
             if facts.ended and window.step > run_state.last_step_by_rank.get(rank, -1):
                 run_state.last_step_by_rank[rank] = window.step
+            if facts.run_end is not None:
+                run_state.ended_runs[rank] = window.step

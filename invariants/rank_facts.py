@@ -55,6 +55,8 @@ class RankFacts(msgspec.Struct):
     run_end: list[int | None] | None = None
     #: run_end's count of trainer calls made without a backward and not recorded
     left_out_calls: int = 0
+    #: run_end's word that the rank trained a separate model (`producers.replicas`)
+    separate_model: bool = False
     dropped_batches: int = 0
     sample_every: int = 1
     #: [budget, measured share] of a producer working under an overhead budget
@@ -79,5 +81,5 @@ class RankFacts(msgspec.Struct):
 _FIELDS = frozenset(RankFacts.__struct_fields__)
 #: (field, default) of the facts stored only when reported
 _OPTIONAL = (("worker_pids", []), ("workers_expected", 0), ("optimizer_steps", 0), ("setup", False),
-             ("trained", None), ("unsampled", False), ("run_end", None), ("left_out_calls", 0), ("dropped_batches", 0), ("sample_every", 1),
-             ("overhead", None))
+             ("trained", None), ("unsampled", False), ("run_end", None), ("left_out_calls", 0),
+             ("separate_model", False), ("dropped_batches", 0), ("sample_every", 1), ("overhead", None))

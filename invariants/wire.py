@@ -118,6 +118,9 @@ class MetaEvent(_Envelope, tag="meta"):
     #: ``run_end``: optimizer and clipping calls a trainer made without a backward, on
     #: purpose, that the producer did not record (`producers.trainer_passes`)
     left_out_calls: Any = None
+    #: ``run_end``: the rank never synchronised gradients with the others (federated
+    #: averaging, an ensemble), so its parameters were not compared across ranks
+    separate_models: Any = None
     #: ``run_start``: recording settings (``sample_every``)
     config: Any = None
     #: ``producer_stats`` under an overhead budget: the budget and the share measured

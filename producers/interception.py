@@ -152,6 +152,7 @@ def _make_call_wrapper(
         switches_mode = spec.api in MODE_APIS
         left_out_without_backward = spec.api == CLIP_GRAD_NORM  # see `producers.trainer_passes`
         keeps_backward_graph = spec.api in BACKWARD_APIS
+        collective = group == "collective"
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if not tracer.enabled or tracer.busy or (group is not None and not tracer.enter_group(group)):
@@ -167,6 +168,8 @@ def _make_call_wrapper(
                 try:
                     if keeps_backward_graph:
                         tracer.backward_keeps_graph = keeps_graph(args, kwargs)
+                    elif collective:
+                        tracer.replicas.collective_called(spec.api, tracer.backward_pending)
                     if record:
                         token = _begin(tracer, spec, args, kwargs, names, flag_defaults, function_name, method_suffix)
                     else:

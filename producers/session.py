@@ -140,7 +140,8 @@ class Session:
         self._handles = []
         try:
             self.tracer.finish({"internal_errors": self.tracer.internal_errors,
-                                "left_out_calls": self.tracer.left_out.count})
+                                "left_out_calls": self.tracer.left_out.count,
+                                "separate_models": self.tracer.replicas.separate_models()})
         except Exception as exc:
             self.tracer.internal_error("final flush", exc)
         self.recorder.close_sinks(self.config.flush_timeout_s)

@@ -67,6 +67,11 @@ class StepBoundaries:
     def in_optimizer_step(self) -> bool:
         return bool(self._stepping)
 
+    @property
+    def backward_pending(self) -> bool:
+        """A backward ran since the last optimizer step (its gradients are not used yet)."""
+        return self._backward_since_step
+
     # -- loop signals -------------------------------------------------------------------
     def loop_signal(self, api: str) -> None:
         """Before a wrapped call's ``pre`` event: it may end setup or an iteration."""

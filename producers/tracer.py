@@ -42,6 +42,7 @@ from .module_facts import FirstForwards, ParameterFree
 from .param_snapshots import SnapshotMemo, snapshot_attrs
 from .params import ParameterRegistry
 from .recorder import StepRecorder
+from .replicas import GradientSync
 from .sampling import SnapshotSampler
 from .ownership import ParameterOwnership, deliberate_reset
 from .selection import Selection
@@ -81,6 +82,7 @@ class Tracer(StepBoundaries, ForwardHooks, StageSwitching, WorkerReports, JoinSh
         self.registry = ParameterRegistry()
         self.ownership = ParameterOwnership()
         self.contracts = ContractFacts.create(self.ownership)
+        self.replicas = GradientSync()
         self._memo = SnapshotMemo()
         self.stage = "init"
         self._explicit_stages: list[str] = []
@@ -312,7 +314,9 @@ class Tracer(StepBoundaries, ForwardHooks, StageSwitching, WorkerReports, JoinSh
         try:
             with self._tls.own_work():
                 taken = snapshot_attrs(entries, data=data, memo=self._memo, defer=self.recorder.await_readback)
-                mark_locally_stepped(taken, self.registry.roots())
+                roots = self.registry.roots()
+                mark_locally_stepped(taken, roots)
+                self.replicas.mark_unsynchronised(taken, roots)
             return taken
         finally:
             self.sampler.snapshot_taken(time.perf_counter_ns() - started)

@@ -285,3 +285,28 @@ def test_post_event_keyword_arguments_join_the_call_arguments():
     planned.add_batch(batch, FactPlan(apis={"torch.nn.Module.forward"}, args={"torch.nn.Module.forward": {"max_new_tokens"}}))
     restored = WindowState.from_bytes(planned.to_bytes())
     assert restored.ranks[0].calls[0]["args"] == {"max_new_tokens": 6}
+
+
+def test_a_rank_that_ended_its_run_is_not_missing_from_later_steps():
+    """Ranks with uneven work (a federated client with fewer rounds, a rank with less
+    data) end their runs at different steps: the one done first reported its run's end
+    (the producer ends the window it ends in) and is not stalled.  A rank that stops reporting without ending its run still is."""
+    from invariants.events import make_batch
+    from tests.support.relation_batches import check, learned
+
+    def run(ends_its_run: bool) -> list:
+        batches = [b for b in SyntheticRun(run="uneven", world=2, steps=8, seed=5).batches()
+                   if not (b["rank"] == 1 and b["step"] > 4)]
+        if ends_its_run:
+            run_end = {"kind": "meta", "t": 9_999_999, "pid": 1001, "tid": 1, "stage": "train", "what": "run_end",
+                       "iterations": 5, "optimizer_steps": 5}
+            tail_end = {"kind": "step", "t": 9_999_999, "pid": 1001, "tid": 1, "stage": "train", "phase": "end"}
+            batches.append(make_batch(run="uneven", rank=1, world=2, step=5, seq=99, events=[run_end, tail_end]))
+            batches.sort(key=lambda b: (b["step"], b["rank"]))
+        return [v for v in check(learned(), batches) if v.relation == "AllRanksReport"]
+
+    assert sorted(v.step for v in run(ends_its_run=False)) == [5, 6, 7]
+    assert run(ends_its_run=True) == []
+    state = RunState("uneven")
+    state.ended_runs = {1: 5}
+    assert RunState.from_bytes(state.to_bytes()).ended_runs == {1: 5}
