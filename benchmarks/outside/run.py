@@ -38,9 +38,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-SUITES = ("bugs_a", "bugs_b", "bugs_c", "bugs_d", "bugs_e", "bugs_f", "bugs_g", "bugs_h", "bugs_i", "bugs_j", "bugs_k",
+SUITES = ("bugs_a", "bugs_b", "bugs_c", "bugs_d", "bugs_e", "bugs_f", "bugs_g", "bugs_h", "bugs_i", "bugs_j", "bugs_k", "bugs_l",
           "healthy_a", "healthy_b", "healthy_c", "healthy_d", "healthy_e", "healthy_f", "healthy_g", "healthy_h",
-          "healthy_i", "healthy_j", "healthy_k")
+          "healthy_i", "healthy_j", "healthy_k", "healthy_l")
 TRAINWATCH = (sys.executable, "-m", "trainwatch.cli")
 ONSET = re.compile(r"ONSET.*?(?:step|iteration) (\d+)")
 TIMEOUT_S = 600
