@@ -1,20 +1,20 @@
 """Programs written apart from the reference corpus, run zero-config as a user would.
 
-    python benchmarks/outside/run.py [--suite bugs_a|...|bugs_j|healthy_a|...|healthy_j ...]
+    python benchmarks/outside/run.py [--suite bugs_a|...|bugs_l|healthy_a|...|healthy_l ...]
                                      [--only NAME ...] [--work DIR] [--jobs N] [--write-results]
 
-Eighteen suites of small training programs, each modelled on a named public program or bug
+Twenty-four suites of small training programs, each modelled on a named public program or bug
 report (their docstrings say which), written without looking at the references or the
 silent-bug benchmark:
 
-* ``bugs_a`` to ``bugs_j``: a bug that starts partway (the program prints
+* ``bugs_a`` to ``bugs_l``: a bug that starts partway (the program prints
   ``ONSET step K`` at its first buggy optimizer step, 0-based) and a healthy twin
   (``--healthy``);
-* ``healthy_a`` to ``healthy_j``: healthy programs in styles and
+* ``healthy_a`` to ``healthy_l``: healthy programs in styles and
   frameworks the references do not use.
 
 Each batch was written after what the previous one showed had been fixed, so the
-latest batch (``_i``) is the out-of-sample figure; the earlier ones are in sample.
+latest batch (``_l``) is the out-of-sample figure; the earlier ones are in sample.
 Each program runs under ``trainwatch collect`` (two gloo ranks where it sets up
 ``torch.distributed``) and is judged by ``trainwatch check`` with the shipped default
 set.  A bug counts as caught when a violation falls in its onset window (K + 1: window
