@@ -307,7 +307,8 @@ DATALOADER_EPOCH = "torch.utils.data.DataLoader.__iter__"
 #: EMA) move it where it differs from them; ``averages_once_per_step`` — such a copy is
 #: not averaged between two backwards without an optimizer step (per micro-batch);
 #: ``resumes_loaded_weights`` — an optimizer's first step after a resume steps no parameter
-#: re-initialised since a load gave it its values.
+#: re-initialised since a load gave it its values; ``anneals_within_horizon`` — every
+#: ``CosineAnnealingLR`` the program stepped over the optimizer is within its ``T_max``.
 CONTRACTS: dict[str, str] = {
     "unscaled_grads": CLIP_GRAD_NORM,
     "replaces_weights": MODULE_LOAD_STATE_DICT,
@@ -331,6 +332,7 @@ CONTRACTS: dict[str, str] = {
     "updates_move_average": OPTIMIZER_STEP,
     "averages_once_per_step": OPTIMIZER_STEP,
     "resumes_loaded_weights": OPTIMIZER_STEP,
+    "anneals_within_horizon": OPTIMIZER_STEP,
     "resumes_schedule": SCHEDULER_STEP,
     "steps_once_per_epoch": SCHEDULER_STEP,
     "compares_like_shapes": TENSOR_BACKWARD,

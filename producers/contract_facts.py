@@ -16,7 +16,8 @@ accumulation cycle within one training pass, and which optimizers' gradients a b
 that fed another optimizer's step changed, and which BatchNorm layers' statistics were
 seen fitted, and how often each schedule was stepped since its optimizer's latest step,
 which deep copies of trained parameters the program averages into, and which loaded
-parameters were re-initialised before a resumed optimizer stepped them.
+parameters were re-initialised before a resumed optimizer stepped them, and which cosine
+schedules were stepped over each optimizer.
 They live together here so that the tracer holds one object for all of them.
 """
 
@@ -44,6 +45,7 @@ from .replayed_rngs import ReplayedRngs
 from .resumed_weights import ResumedWeights
 from .sampler_epochs import SamplerEpochs
 from .clip_bounds import ClipBounds
+from .cosine_horizons import CosineHorizons
 from .schedule_cadence import ScheduleCadence
 from .schedule_targets import ScheduleTargets
 from .schedule_resumes import ScheduleResumes
@@ -82,6 +84,7 @@ class ContractFacts:
     schedule_targets: ScheduleTargets
     averaged_copies: AveragedCopies
     resumed_weights: ResumedWeights
+    cosine_horizons: CosineHorizons
 
     def at_step(self, optimizer: torch.optim.Optimizer, optimizer_name: str,
                 roots: Callable[[], list[torch.nn.Module]], ownership: "ParameterOwnership",
@@ -115,6 +118,7 @@ class ContractFacts:
             "updates_move_average": moves_average,
             "averages_once_per_step": averages_once,
             "resumes_loaded_weights": self.resumed_weights.resumes_loaded_weights(optimizer),
+            "anneals_within_horizon": self.cosine_horizons.anneals_within_horizon(optimizer),
         }
 
     def backward_ran(self, keeps_graph: bool) -> None:
@@ -143,4 +147,4 @@ class ContractFacts:
                    WastedGrads(), EvalWeights(), AccumulatedLosses(), ScheduleResumes(), EpochSchedules(),
                    StoredSamples(), AutocastCache(), FrozenUpdates(), EpochTails(),
                    ForeignGrads(), FittedNorms(), ScheduleCadence(), ClipBounds(), ScheduleTargets(),
-                   AveragedCopies(ownership), ResumedWeights())
+                   AveragedCopies(ownership), ResumedWeights(), CosineHorizons())

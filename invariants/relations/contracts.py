@@ -72,6 +72,8 @@ DESCRIPTIONS: dict[str, str] = {
                                "written at most once between two backwards with no optimizer step in between"),
     "resumes_loaded_weights": ("{api} of an optimizer resumed from a checkpoint never steps parameters "
                                "re-initialised since the checkpoint's weights were loaded into them"),
+    "anneals_within_horizon": ("{api} never uses a rate from a CosineAnnealingLR stepped past its T_max (where "
+                               "the cosine climbs back to the base rate)"),
     "resumes_schedule": ("{api} never starts a schedule over from epoch 0 for an optimizer resumed from a "
                          "checkpoint"),
     "steps_once_per_epoch": ("{api} of a StepLR/MultiStepLR counts epochs: stepped per iteration it never lowers "
@@ -88,7 +90,8 @@ DESCRIPTIONS: dict[str, str] = {
 READS_ALSO: dict[str, set[str]] = {"steps_schedule_with_optimizer": {SCHEDULER_STEP},
                                    "rescales_groups_alike": {SCHEDULER_STEP},
                                    "steps_clipped_grads": {CLIP_GRAD_NORM},
-                                   "schedules_stepping_optimizer": {SCHEDULER_STEP}}
+                                   "schedules_stepping_optimizer": {SCHEDULER_STEP},
+                                   "anneals_within_horizon": {SCHEDULER_STEP}}
 WIPED_ACCUMULATION = ("the gradients of a backward were cleared before any optimizer step used them: with gradient "
                       "accumulation only the last micro-batch reaches the update; clear once per optimizer step, "
                       "after it (inside accelerate's accumulate(), call the prepared optimizer's zero_grad, which "
@@ -173,6 +176,11 @@ HINTS: dict[str, str] = {
                               "of named_parameters()) and the buffers were left behind; copy or average the buffers "
                               "too (model.buffers(), use_buffers=True, load the full state_dict) or run "
                               "torch.optim.swa_utils.update_bn before evaluating"),
+    "anneals_within_horizon": ("a CosineAnnealingLR was stepped more than T_max times: past its horizon the cosine "
+                               "climbs back to the base rate and training runs through restarts nobody asked for; "
+                               "the horizon was counted in epochs for a schedule stepped per batch (or in optimizer "
+                               "steps for one stepped per micro-batch): set T_max to the number of scheduler steps "
+                               "(epochs * batches per epoch / accumulation), or step it once per epoch"),
     "steps_schedule_with_optimizer": ("the learning-rate schedule was stepped several times between two steps of "
                                       "its optimizer and has moved the rate: it runs that many times too fast (a "
                                       "schedule stepped on every micro-batch of gradient accumulation, or in the "
