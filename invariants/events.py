@@ -308,7 +308,8 @@ DATALOADER_EPOCH = "torch.utils.data.DataLoader.__iter__"
 #: not averaged between two backwards without an optimizer step (per micro-batch);
 #: ``resumes_loaded_weights`` — an optimizer's first step after a resume steps no parameter
 #: re-initialised since a load gave it its values; ``anneals_within_horizon`` — every
-#: ``CosineAnnealingLR`` the program stepped over the optimizer is within its ``T_max``.
+#: ``CosineAnnealingLR`` the program stepped over the optimizer is within its ``T_max``;
+#: ``steps_each_memory_once`` — no two parameters an optimizer holds are one memory.
 CONTRACTS: dict[str, str] = {
     "unscaled_grads": CLIP_GRAD_NORM,
     "replaces_weights": MODULE_LOAD_STATE_DICT,
@@ -333,6 +334,7 @@ CONTRACTS: dict[str, str] = {
     "averages_once_per_step": OPTIMIZER_STEP,
     "resumes_loaded_weights": OPTIMIZER_STEP,
     "anneals_within_horizon": OPTIMIZER_STEP,
+    "steps_each_memory_once": OPTIMIZER_STEP,
     "resumes_schedule": SCHEDULER_STEP,
     "steps_once_per_epoch": SCHEDULER_STEP,
     "compares_like_shapes": TENSOR_BACKWARD,

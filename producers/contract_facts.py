@@ -16,8 +16,9 @@ accumulation cycle within one training pass, and which optimizers' gradients a b
 that fed another optimizer's step changed, and which BatchNorm layers' statistics were
 seen fitted, and how often each schedule was stepped since its optimizer's latest step,
 which deep copies of trained parameters the program averages into, and which loaded
-parameters were re-initialised before a resumed optimizer stepped them, and which cosine
-schedules were stepped over each optimizer.
+parameters were re-initialised before a resumed optimizer stepped them, which cosine
+schedules were stepped over each optimizer, and whether an optimizer's parameters
+share memory.
 They live together here so that the tracer holds one object for all of them.
 """
 
@@ -46,6 +47,7 @@ from .resumed_weights import ResumedWeights
 from .sampler_epochs import SamplerEpochs
 from .clip_bounds import ClipBounds
 from .cosine_horizons import CosineHorizons
+from .shared_memory import SharedMemory
 from .schedule_cadence import ScheduleCadence
 from .schedule_targets import ScheduleTargets
 from .schedule_resumes import ScheduleResumes
@@ -85,6 +87,7 @@ class ContractFacts:
     averaged_copies: AveragedCopies
     resumed_weights: ResumedWeights
     cosine_horizons: CosineHorizons
+    shared_memory: SharedMemory
 
     def at_step(self, optimizer: torch.optim.Optimizer, optimizer_name: str,
                 roots: Callable[[], list[torch.nn.Module]], ownership: "ParameterOwnership",
@@ -119,6 +122,7 @@ class ContractFacts:
             "averages_once_per_step": averages_once,
             "resumes_loaded_weights": self.resumed_weights.resumes_loaded_weights(optimizer),
             "anneals_within_horizon": self.cosine_horizons.anneals_within_horizon(optimizer),
+            "steps_each_memory_once": self.shared_memory.steps_each_memory_once(optimizer),
         }
 
     def backward_ran(self, keeps_graph: bool) -> None:
@@ -147,4 +151,4 @@ class ContractFacts:
                    WastedGrads(), EvalWeights(), AccumulatedLosses(), ScheduleResumes(), EpochSchedules(),
                    StoredSamples(), AutocastCache(), FrozenUpdates(), EpochTails(),
                    ForeignGrads(), FittedNorms(), ScheduleCadence(), ClipBounds(), ScheduleTargets(),
-                   AveragedCopies(ownership), ResumedWeights(), CosineHorizons())
+                   AveragedCopies(ownership), ResumedWeights(), CosineHorizons(), SharedMemory())

@@ -74,6 +74,8 @@ DESCRIPTIONS: dict[str, str] = {
                                "re-initialised since the checkpoint's weights were loaded into them"),
     "anneals_within_horizon": ("{api} never uses a rate from a CosineAnnealingLR stepped past its T_max (where "
                                "the cosine climbs back to the base rate)"),
+    "steps_each_memory_once": ("{api} never holds two parameters that are one memory (each tensor is stepped "
+                               "once per step)"),
     "resumes_schedule": ("{api} never starts a schedule over from epoch 0 for an optimizer resumed from a "
                          "checkpoint"),
     "steps_once_per_epoch": ("{api} of a StepLR/MultiStepLR counts epochs: stepped per iteration it never lowers "
@@ -181,6 +183,11 @@ HINTS: dict[str, str] = {
                                "the horizon was counted in epochs for a schedule stepped per batch (or in optimizer "
                                "steps for one stepped per micro-batch): set T_max to the number of scheduler steps "
                                "(epochs * batches per epoch / accumulation), or step it once per epoch"),
+    "steps_each_memory_once": ("two parameters the optimizer holds are one memory, so every step updates it twice, "
+                               "each time with its own moments: a checkpoint of tied weights loaded with "
+                               "load_state_dict(assign=True) wraps the shared tensor in a new Parameter per key; "
+                               "re-tie the weights after loading (model.tie_weights(), or assign one parameter to "
+                               "the other) before building the optimizer"),
     "steps_schedule_with_optimizer": ("the learning-rate schedule was stepped several times between two steps of "
                                       "its optimizer and has moved the rate: it runs that many times too fast (a "
                                       "schedule stepped on every micro-batch of gradient accumulation, or in the "
