@@ -26,7 +26,7 @@ precision it is the rule.
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -108,6 +108,16 @@ class AveragedCopies:
         source_ref = self._sources.get(param)
         source = source_ref() if source_ref is not None else None
         return source is not None and self._held(source) and not self._held(param)
+
+    def copied_from(self, copies: Sequence[torch.Tensor], sources: Sequence[torch.Tensor]) -> bool:
+        """Whether some of ``copies`` are deep copies of some of ``sources``: an inner loop
+        adapting a copy of meta-parameters (MAML, ProtoMAML, Reptile)."""
+        wanted = {id(source) for source in sources}
+        for copied in copies:
+            source_ref = self._sources.get(copied)
+            if source_ref is not None and id(source_ref()) in wanted:
+                return True
+        return False
 
     def _watched(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self._resolve()

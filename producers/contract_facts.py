@@ -110,7 +110,8 @@ class ContractFacts:
                 optimizer_name, cycle, self.accumulation.cut_by_new_pass(optimizer_name, cycle)),
             "steps_own_grads": self.foreign_grads.steps_own_grads(
                 optimizer_name, cycle, self.accumulation.serial,
-                ownership.live_optimizers() if ownership.several_optimizers() else []),
+                ownership.live_optimizers() if ownership.several_optimizers() else [],
+                self.averaged_copies.copied_from),
             "keeps_stored_samples": self.stored_samples.keeps_stored_samples(optimizer),
             "fresh_autocast_weights": self.autocast_cache.fresh_autocast_weights(optimizer),
             "keeps_frozen_weights": self.frozen_updates.keeps_frozen_weights(optimizer),

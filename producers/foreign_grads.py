@@ -15,7 +15,10 @@ optimizer's cycle (`producers.loss_averaging`: the backwards since its previous 
 clear) that changed its gradients was followed by another optimizer's step and then by a
 backward of the cycle's own.  A cycle whose every backward fed another optimizer's step
 is not this mistake (one loss stepped by two optimizers, an optimizer stepped at a
-slower rate than another over the same losses).
+slower rate than another over the same losses).  Nor is an inner loop of meta-learning:
+an optimizer over deep copies of another optimizer's parameters (MAML, ProtoMAML) adapts
+the copies, and gradients its losses send back to the originals (through prototypes
+computed with them, or second-order terms) are the meta-gradient, on purpose.
 
 Whether a backward changed an optimizer's gradients is read without touching values:
 each gradient's identity and version counter (``Tensor._version``, which every in-place
@@ -26,7 +29,7 @@ a single optimizer.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -68,10 +71,12 @@ class ForeignGrads:
         self._restarted.clear()
 
     def steps_own_grads(self, optimizer_name: str, cycle: Sequence[LossFacts], last_serial: int,
-                        optimizers: list[tuple[str, list[torch.Tensor]]]) -> bool:
+                        optimizers: list[tuple[str, list[torch.Tensor]]],
+                        copied_from: Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor]], bool]) -> bool:
         """Judged at the step of ``optimizer_name`` over its cycle; ``last_serial`` is the
         latest backward's number, ``optimizers`` every live optimizer (only read when
-        there are several)."""
+        there are several), ``copied_from(copies, sources)`` whether some parameters are
+        deep copies of others."""
         fed = self._fed_another.pop(optimizer_name, None)
         kept = not (fed is not None and cycle and cycle[0].serial <= fed < cycle[-1].serial)
         if len(optimizers) < 2:
@@ -79,10 +84,11 @@ class ForeignGrads:
         self._restarted.add(optimizer_name)
         if not cycle:
             return kept
+        stepping = next((params for name, params in optimizers if name == optimizer_name), [])
         for name, params in optimizers:
             if name == optimizer_name or name in self._restarted:
                 continue
             start = self._at_cycle_start.get(name)
-            if start is not None and start != grad_print(params):
+            if start is not None and start != grad_print(params) and not copied_from(stepping, params):
                 self._fed_another[name] = last_serial
         return kept

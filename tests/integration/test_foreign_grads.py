@@ -7,6 +7,8 @@ keep it."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -84,3 +86,28 @@ def test_losses_every_step_of_which_fed_another_optimizer_keep_it(tmp_path, slow
                 opt_head.step()
                 opt_head.zero_grad()
     assert set(_verdicts(tmp_path, "opt0") + _verdicts(tmp_path, "opt1")) == {True}
+
+
+@pytest.mark.parametrize("inner", ["copy", "separate"])
+def test_an_inner_loop_over_a_deep_copy_sends_the_meta_gradient_back_on_purpose(tmp_path, inner):
+    """ProtoMAML: each task adapts a deep copy of the meta-model with its own optimizer,
+    whose losses also reach the meta-parameters (the output layer is built from
+    prototypes the meta-model computes); the meta-optimizer then adds its own query
+    backward.  A second model that is no copy, stepped the same way, still breaks it."""
+    torch.manual_seed(0)
+    meta = nn.Linear(4, 3)
+    meta_opt = torch.optim.Adam(meta.parameters(), lr=1e-3)
+    with producers.instrument(run_id="r-maml", trace_dir=tmp_path, quiet=True):
+        for _ in range(4):
+            meta_opt.zero_grad()
+            local = copy.deepcopy(meta) if inner == "copy" else nn.Linear(4, 3)
+            local_opt = torch.optim.SGD(local.parameters(), lr=0.1)
+            prototypes = meta(torch.randn(3, 4))  # with gradients into the meta-model
+            for _ in range(2):
+                local_opt.zero_grad()
+                (local(torch.randn(8, 4)) @ prototypes.T).pow(2).mean().backward(retain_graph=True)
+                local_opt.step()
+            meta(torch.randn(8, 4)).pow(2).mean().backward()
+            meta_opt.step()
+    verdicts = _verdicts(tmp_path, "opt0")
+    assert (False in verdicts) == (inner == "separate"), verdicts
