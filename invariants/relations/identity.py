@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..events import GRAD_CLEAR_API, MODULE_ZERO_GRAD, OPTIMIZER_ID_PREFIX, OPTIMIZER_ZERO_GRAD
+from ..events import (AUTOGRAD_BACKWARD, GRAD_CLEAR_API, MODULE_ZERO_GRAD, OPTIMIZER_ID_PREFIX, OPTIMIZER_ZERO_GRAD,
+                      TENSOR_BACKWARD)
 
 #: calls that clear gradients of a set of parameters and say which optimizers' (``clears``)
 CLEARING_APIS = frozenset({MODULE_ZERO_GRAD, GRAD_CLEAR_API})
@@ -92,8 +93,12 @@ def call_facts(call: Mapping[str, Any]) -> list[tuple[str, frozenset[str] | None
     fact: a ``Module.zero_grad`` (or a clear by hand, ``grad_clear``) over all of an
     optimizer's parameters is also that optimizer's ``zero_grad``.  One that clears no optimizer's parameters (a loop
     without an optimizer, or part of a model) still clears gradients before a call
-    about no optimizer (a backward), never before a given optimizer's step."""
+    about no optimizer (a backward), never before a given optimizer's step.  A backward
+    is a backward whichever API ran it: ``torch.autograd.backward`` (pipeline schedules
+    call it for each stage) is the fact ``Tensor.backward``."""
     api = call["api"]
+    if api == AUTOGRAD_BACKWARD:
+        api = TENSOR_BACKWARD
     facts = [(api, optimizers_of(call))]
     clears = call.get("clears")
     if api in CLEARING_APIS and clears is not None:

@@ -52,6 +52,7 @@ from ..events import (
     MODULE_ZERO_GRAD,
     OPTIMIZER_STEP,
     OPTIMIZER_ZERO_GRAD,
+    TENSOR_BACKWARD,
 )
 from ..window import FactPlan
 from .base import Mode, Site, Template
@@ -154,6 +155,8 @@ class APISequence(Template):
 
     def needs(self, params: Mapping[str, Any]) -> FactPlan:
         apis = {params["first"], params["then"], OPTIMIZER_STEP}  # steps say which iterations are first
+        if TENSOR_BACKWARD in apis:  # torch.autograd.backward is that fact too (`identity.call_facts`)
+            apis |= BACKWARD_APIS
         if OPTIMIZER_ZERO_GRAD in apis:  # a Module.zero_grad or a clear by hand is a zero_grad too
             apis |= {MODULE_ZERO_GRAD, GRAD_CLEAR_API}
         return FactPlan(apis=apis, args={}, state_points=set(), state_attrs=set())

@@ -36,12 +36,12 @@ def test_the_hint_of_a_training_call_in_evaluation_points_at_eval_mode_left_on()
     assert "re-initialised" in again
 
 
-def _plain(step, *, backward=True, backprop=True):
+def _plain(step, *, backward=True, backprop=True, backward_api="torch.Tensor.backward"):
     from invariants.events import make_batch
     events, cid = [], step * 100
-    for api, extra in (("torch.optim.Optimizer.zero_grad", {"obj": "opt0"}), ("torch.Tensor.backward", {}),
+    for api, extra in (("torch.optim.Optimizer.zero_grad", {"obj": "opt0"}), (backward_api, {}),
                        ("torch.optim.Optimizer.step", {"obj": "opt0", "trained": step > 1, "backprop": backprop})):
-        if api == "torch.Tensor.backward" and not backward:
+        if api == backward_api and not backward:
             continue
         cid += 2
         base = {"kind": "call", "pid": 1, "tid": 1, "stage": "train", "name": api, "api": api, "cid": cid,
@@ -62,4 +62,19 @@ def test_steps_of_a_process_that_never_ran_backward_are_not_judged_on_one():
     functional = [_plain(s, backward=False, backprop=False) for s in range(8)]  # torch.func gradients
     assert check(rules, functional) == []
     dropped = [_plain(s, backward=s < 4) for s in range(8)]  # backward forgotten from step 4 on
+    assert [v.step for v in check(rules, dropped)] == [4, 5, 6, 7]
+
+
+def test_a_backward_run_through_torch_autograd_backward_is_a_backward():
+    """Pipeline schedules (``torch.distributed.pipelining``) run each stage's backward
+    with ``torch.autograd.backward``: "a backward before every step" holds there."""
+    from invariants.inference import Inferencer
+    inferencer = Inferencer(["APISequence"])
+    inferencer.add_trace([_plain(s) for s in range(8)])
+    rules = [inv for inv in inferencer.finish() if inv.params == {"first": "torch.Tensor.backward",
+                                                                   "then": "torch.optim.Optimizer.step"}]
+    assert rules
+    staged = [_plain(s, backward_api="torch.autograd.backward") for s in range(8)]
+    assert check(rules, staged) == []
+    dropped = [_plain(s, backward=s < 4, backward_api="torch.autograd.backward") for s in range(8)]
     assert [v.step for v in check(rules, dropped)] == [4, 5, 6, 7]
