@@ -72,8 +72,8 @@ DESCRIPTIONS: dict[str, str] = {
                                "written at most once between two backwards with no optimizer step in between"),
     "resumes_loaded_weights": ("{api} of an optimizer resumed from a checkpoint never steps parameters "
                                "re-initialised since the checkpoint's weights were loaded into them"),
-    "anneals_within_horizon": ("{api} never uses a rate from a CosineAnnealingLR stepped past its T_max (where "
-                               "the cosine climbs back to the base rate)"),
+    "anneals_within_horizon": ("{api} never uses a rate from a schedule stepped past its horizon (a "
+                               "CosineAnnealingLR's T_max, a transformers schedule's num_training_steps)"),
     "steps_each_memory_once": ("{api} never holds two parameters that are one memory (each tensor is stepped "
                                "once per step)"),
     "resumes_schedule": ("{api} never starts a schedule over from epoch 0 for an optimizer resumed from a "
@@ -178,8 +178,9 @@ HINTS: dict[str, str] = {
                               "of named_parameters()) and the buffers were left behind; copy or average the buffers "
                               "too (model.buffers(), use_buffers=True, load the full state_dict) or run "
                               "torch.optim.swa_utils.update_bn before evaluating"),
-    "anneals_within_horizon": ("a CosineAnnealingLR was stepped more than T_max times: past its horizon the cosine "
-                               "climbs back to the base rate and training runs through restarts nobody asked for; "
+    "anneals_within_horizon": ("a schedule was stepped past its horizon (CosineAnnealingLR's T_max, a transformers "
+                               "schedule's num_training_steps): past it a cosine climbs back to the base rate and "
+                               "training runs through restarts nobody asked for (the others sit at zero); "
                                "the horizon was counted in epochs for a schedule stepped per batch (or in optimizer "
                                "steps for one stepped per micro-batch): set T_max to the number of scheduler steps "
                                "(epochs * batches per epoch / accumulation), or step it once per epoch"),

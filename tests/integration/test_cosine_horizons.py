@@ -56,3 +56,21 @@ def test_a_cosine_after_a_warm_up_counts_its_horizon_from_the_hand_over(tmp_path
     """``SequentialLR`` restarts the cosine at epoch 0 at its milestone."""
     _train(tmp_path, horizon=EPOCHS * BATCHES - 2, nested=True)
     assert _verdicts(tmp_path) == [True] * (EPOCHS * BATCHES)
+
+
+def test_a_transformers_schedule_stepped_past_its_training_steps_breaks_it(tmp_path):
+    """``get_cosine_schedule_with_warmup(num_training_steps=epochs)`` stepped per batch
+    climbs back after its horizon, as ScrollPrize/villa PR 1495 found."""
+    from transformers import get_cosine_schedule_with_warmup
+
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    with producers.instrument(run_id="r-hf-cosine", trace_dir=tmp_path, quiet=True):
+        scheduler = get_cosine_schedule_with_warmup(optimizer, num_warmup_steps=1, num_training_steps=EPOCHS)
+        for _ in range(EPOCHS * BATCHES):
+            optimizer.zero_grad()
+            F.mse_loss(model(torch.randn(8, 4)), torch.randn(8, 1)).backward()
+            optimizer.step()
+            scheduler.step()
+    assert _verdicts(tmp_path) == [True] * 4 + [False] * (EPOCHS * BATCHES - 4)
