@@ -63,12 +63,10 @@ class GradientSync:
         """Give a snapshot's attributes the not-all-reduced mark while no gradient
         synchronisation was shown.  In place, like `local_sgd.mark_locally_stepped`: the
         ``parallel`` dict may be shared with the snapshot memo, so it is replaced."""
-        if self.shown or not taken:
+        if self.shown or not taken or not _several_ranks():
             return
         if any(_wraps_replicas(root) for root in roots):
             self.shown = True
-            return
-        if not _several_ranks():
             return
         self._marked = True
         for _, attrs in taken:
