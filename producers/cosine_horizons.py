@@ -17,7 +17,11 @@ back too, and the others sit at zero or at their floor, so the same horizon is j
 
 A schedule stepped once more after the last optimizer step (a loop that steps it
 after its final epoch) is past its horizon harmlessly and is never judged: the
-contract is read at optimizer steps.  A cosine inside a ``SequentialLR`` is judged
+contract is read at optimizer steps.  Nor is an overrun of a tenth of the horizon: a
+loop that sizes its schedule with floor division (``len(loader) // accumulation``
+steps an epoch) and also steps on each epoch's tail runs a few steps past it, and the
+rate rises by a few hundredths of its base there, while a horizon in the wrong unit is
+overrun by a factor.  A cosine inside a ``SequentialLR`` is judged
 too: the wrapper restarts it from epoch 0 at its milestone, so its horizon counts from
 the hand-over, and a horizon too short there climbs back just the same.
 """
@@ -32,6 +36,9 @@ import torch
 from torch.optim.lr_scheduler import CosineAnnealingLR, LambdaLR
 
 from .schedule_cadence import stepped_optimizer
+
+#: share of the horizon a schedule may run past it (a loop stepping epoch tails its size left out)
+OVERRUN_SHARE = 0.1
 
 
 class CosineHorizons:
@@ -55,7 +62,7 @@ class CosineHorizons:
         judged = [(epoch, horizon) for epoch, horizon in judged if horizon is not None]
         if not judged:
             return None
-        return all(epoch <= horizon for epoch, horizon in judged)
+        return all(epoch <= horizon + max(1.0, horizon * OVERRUN_SHARE) for epoch, horizon in judged)
 
 
 def horizon_of(scheduler: Any) -> float | None:
