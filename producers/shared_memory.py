@@ -15,6 +15,8 @@ Parameters that are disjoint views of one flat buffer (contiguous gradient buffe
 flattened shards) start at different addresses and are fine; empty and meta tensors
 are not judged.  The verdict is kept until the optimizer's parameter count changes
 (an added param group), so a step costs one count, not one address read per parameter.
+A sharded parameter (FSDP2's ``DTensor``) has no storage of its own and reports address
+0: its local shard's address is read instead.
 """
 
 from __future__ import annotations
@@ -48,7 +50,11 @@ def _aliased(optimizer: torch.optim.Optimizer) -> bool:
         for param in group.get("params", ()):
             if not isinstance(param, torch.Tensor) or param.is_meta or param.numel() == 0:
                 continue
-            key = (str(param.device), param.data_ptr(), tuple(param.shape))
+            local = param.to_local() if callable(getattr(param, "to_local", None)) else param
+            address = local.data_ptr()
+            if not address:
+                continue
+            key = (str(local.device), address, tuple(local.shape))
             if seen.setdefault(key, id(param)) != id(param):
                 return True
     return False

@@ -7,11 +7,15 @@ restored after loading, and disjoint views of one flat buffer keep it."""
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
 
 import torch
 from torch import nn
 
 import producers
+from stream_checkers.embedded_broker import free_port
 from invariants.events import OPTIMIZER_STEP
 from tests.support.producer_traces import trace_batches, trace_events
 
@@ -77,3 +81,23 @@ def test_a_tie_restored_after_loading_and_views_of_a_flat_buffer_keep_it(tmp_pat
             (views[0].sum() + views[1].sum()).backward()
             optimizer.step()
     assert _verdicts(tmp_path) == [True] * 4
+
+
+def test_sharded_parameters_are_judged_by_their_local_shards(tmp_path):
+    """FSDP2's ``DTensor`` parameters report address 0 (no storage of their own)."""
+    script = tmp_path / "fsdp2_one_rank.py"
+    script.write_text(
+        "import os, torch, torch.distributed as dist\n"
+        "os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=os.environ['PORT'], RANK='0', WORLD_SIZE='1')\n"
+        "dist.init_process_group('gloo')\n"
+        "from torch.distributed.fsdp import fully_shard\n"
+        "from producers.shared_memory import SharedMemory\n"
+        "model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))\n"
+        "fully_shard(model)\n"
+        "assert all(p.data_ptr() == 0 for p in model.parameters())\n"
+        "print(SharedMemory().steps_each_memory_once(torch.optim.SGD(model.parameters(), lr=0.1)))\n"
+        "dist.destroy_process_group()\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PORT": str(free_port())})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "True"
