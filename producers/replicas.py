@@ -27,6 +27,8 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
+from .stages import wrapper_chain
+
 #: wrappers whose forward sets up a gradient reduction across ranks, by class name so
 #: that no optional framework is imported for the check
 REPLICATING_WRAPPERS = frozenset({"DistributedDataParallel", "FullyShardedDataParallel", "DeepSpeedEngine"})
@@ -34,23 +36,10 @@ REPLICATING_WRAPPERS = frozenset({"DistributedDataParallel", "FullyShardedDataPa
 NOT_REDUCING = frozenset({"torch.distributed.barrier", "torch.distributed.init_process_group"})
 
 
-#: attributes through which wrappers hold the module they wrap (``torch.compile``'s
-#: ``_orig_mod``, Lightning's ``_forward_module``, DDP's own ``module``)
-_WRAPPED = ("_orig_mod", "_forward_module", "module")
-_MAX_WRAPPERS = 4
-
-
 def _wraps_replicas(module: nn.Module) -> bool:
     """Whether ``module`` is, or wraps, a DDP-like wrapper (``torch.compile(DDP(model))``)."""
-    for _ in range(_MAX_WRAPPERS):
-        if any(cls.__name__ in REPLICATING_WRAPPERS for cls in type(module).__mro__):
-            return True
-        inner = next((getattr(module, name) for name in _WRAPPED
-                      if isinstance(getattr(module, name, None), nn.Module)), None)
-        if inner is None:
-            return False
-        module = inner
-    return False
+    return any(cls.__name__ in REPLICATING_WRAPPERS
+               for wrapper in wrapper_chain(module) for cls in type(wrapper).__mro__)
 
 
 def _several_ranks() -> bool:

@@ -30,8 +30,10 @@ def _data_parallel_types() -> tuple[type, ...]:
     return (DistributedDataParallel, DataParallel)
 
 
-def real_model(module: torch.nn.Module) -> torch.nn.Module:
-    """The model inside ``module``'s wrappers (``module`` itself when it wraps nothing)."""
+def wrapper_chain(module: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """``module``, then each module its wrappers hold, outermost first
+    (``torch.compile``'s ``_orig_mod``, Lightning's ``_forward_module``, DDP's ``module``)."""
+    yield module
     for _ in range(_MAX_WRAPPERS):
         inner = None
         if isinstance(module, _data_parallel_types()):
@@ -47,8 +49,15 @@ def real_model(module: torch.nn.Module) -> torch.nn.Module:
                     inner = candidate
                     break
         if inner is None:
-            return module
+            return
         module = inner
+        yield module
+
+
+def real_model(module: torch.nn.Module) -> torch.nn.Module:
+    """The model inside ``module``'s wrappers (``module`` itself when it wraps nothing)."""
+    for module in wrapper_chain(module):
+        pass
     return module
 
 
