@@ -46,7 +46,7 @@ from .replayed_rngs import ReplayedRngs
 from .resumed_weights import ResumedWeights
 from .sampler_epochs import SamplerEpochs
 from .clip_bounds import ClipBounds
-from .cosine_horizons import CosineHorizons
+from .schedule_horizons import ScheduleHorizons
 from .shared_memory import SharedMemory
 from .schedule_cadence import ScheduleCadence
 from .schedule_targets import ScheduleTargets
@@ -86,7 +86,7 @@ class ContractFacts:
     schedule_targets: ScheduleTargets
     averaged_copies: AveragedCopies
     resumed_weights: ResumedWeights
-    cosine_horizons: CosineHorizons
+    schedule_horizons: ScheduleHorizons
     shared_memory: SharedMemory
 
     def at_step(self, optimizer: torch.optim.Optimizer, optimizer_name: str,
@@ -122,7 +122,7 @@ class ContractFacts:
             "updates_move_average": moves_average,
             "averages_once_per_step": averages_once,
             "resumes_loaded_weights": self.resumed_weights.resumes_loaded_weights(optimizer),
-            "anneals_within_horizon": self.cosine_horizons.anneals_within_horizon(optimizer),
+            "anneals_within_horizon": self.schedule_horizons.anneals_within_horizon(optimizer),
             "steps_each_memory_once": self.shared_memory.steps_each_memory_once(optimizer),
         }
 
@@ -152,4 +152,4 @@ class ContractFacts:
                    WastedGrads(), EvalWeights(), AccumulatedLosses(), ScheduleResumes(), EpochSchedules(),
                    StoredSamples(), AutocastCache(), FrozenUpdates(), EpochTails(),
                    ForeignGrads(), FittedNorms(), ScheduleCadence(), ClipBounds(), ScheduleTargets(),
-                   AveragedCopies(ownership), ResumedWeights(), CosineHorizons(), SharedMemory())
+                   AveragedCopies(ownership), ResumedWeights(), ScheduleHorizons(), SharedMemory())

@@ -240,7 +240,7 @@ def _begin(
         elif spec.api == SCHEDULER_STEP:
             tracer.contracts.schedule_cadence.scheduler_stepped(args[0])
             tracer.contracts.schedule_targets.scheduler_stepped(args[0])
-            tracer.contracts.cosine_horizons.scheduler_stepped(args[0])
+            tracer.contracts.schedule_horizons.scheduler_stepped(args[0])
             judged = {
                 "resumes_schedule": tracer.contracts.schedule_resumes.resumes_schedule(args[0]),
                 "steps_once_per_epoch": tracer.contracts.epoch_schedules.steps_once_per_epoch(args[0], args, kwargs),

@@ -41,8 +41,8 @@ from .schedule_cadence import stepped_optimizer
 OVERRUN_SHARE = 0.1
 
 
-class CosineHorizons:
-    """The cosine schedules the program stepped over each optimizer."""
+class ScheduleHorizons:
+    """The horizon schedules (cosine, transformers helpers) the program stepped over each optimizer."""
 
     def __init__(self) -> None:
         self._schedules: "weakref.WeakKeyDictionary[torch.optim.Optimizer, weakref.WeakSet[Any]]" = (
@@ -54,7 +54,7 @@ class CosineHorizons:
             self._schedules.setdefault(stepped_optimizer(optimizer), weakref.WeakSet()).add(scheduler)
 
     def anneals_within_horizon(self, optimizer: torch.optim.Optimizer) -> bool | None:
-        """None where no cosine schedule over ``optimizer`` was stepped."""
+        """None where no horizon schedule over ``optimizer`` was stepped."""
         schedules = self._schedules.get(optimizer)
         if not schedules:
             return None
