@@ -17,8 +17,8 @@ that fed another optimizer's step changed, and which BatchNorm layers' statistic
 seen fitted, and how often each schedule was stepped since its optimizer's latest step,
 which deep copies of trained parameters the program averages into, and which loaded
 parameters were re-initialised before a resumed optimizer stepped them, which cosine
-schedules were stepped over each optimizer, and whether an optimizer's parameters
-share memory.
+schedules were stepped over each optimizer, whether an optimizer's parameters
+share memory, and which training batches a data-parallel replica drew since its latest step.
 They live together here so that the tracer holds one object for all of them.
 """
 
@@ -44,6 +44,7 @@ from .loss_averaging import AccumulatedLosses
 from .optimizer_restarts import OptimizerRestarts
 from .replayed_rngs import ReplayedRngs
 from .resumed_weights import ResumedWeights
+from .replica_batches import ReplicaBatches
 from .sampler_epochs import SamplerEpochs
 from .clip_bounds import ClipBounds
 from .schedule_horizons import ScheduleHorizons
@@ -88,6 +89,7 @@ class ContractFacts:
     resumed_weights: ResumedWeights
     schedule_horizons: ScheduleHorizons
     shared_memory: SharedMemory
+    replica_batches: ReplicaBatches
 
     def at_step(self, optimizer: torch.optim.Optimizer, optimizer_name: str,
                 roots: Callable[[], list[torch.nn.Module]], ownership: "ParameterOwnership",
@@ -152,4 +154,5 @@ class ContractFacts:
                    WastedGrads(), EvalWeights(), AccumulatedLosses(), ScheduleResumes(), EpochSchedules(),
                    StoredSamples(), AutocastCache(), FrozenUpdates(), EpochTails(),
                    ForeignGrads(), FittedNorms(), ScheduleCadence(), ClipBounds(), ScheduleTargets(),
-                   AveragedCopies(ownership), ResumedWeights(), ScheduleHorizons(), SharedMemory())
+                   AveragedCopies(ownership), ResumedWeights(), ScheduleHorizons(), SharedMemory(),
+                   ReplicaBatches())

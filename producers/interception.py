@@ -45,10 +45,10 @@ from .worker_hooks import patch_worker_loop, patch_worker_start
 from .patching import PatchHandle, patch_attribute
 from .retained_graphs import keeps_graph
 from .probabilities import install_probability_marks
-from .loss_averaging import count_batches
 from .loss_shapes import compares_like_shapes
 from .functional_grads import patch_functional_grads
 from .sampler_epochs import patch_dataloader_epochs
+from .replica_batches import patch_batch_yields
 from .stored_samples import patch_dataset_fetches
 from .selection import COLLECTIVES, DROPOUT_FUNCTIONS, INIT_FUNCTIONS, LOSS_FUNCTIONS, Selection
 from .tracer import Tracer, is_compiling
@@ -315,7 +315,7 @@ def install(tracer: Tracer, selection: Selection, on_rank_change: Callable[[], N
     if selection.wants(CLIP_GRAD_NORM) or selection.wants(OPTIMIZER_STEP):
         handles += tracer.contracts.loss_scale.install(tracer.contracts.accumulation.loss_scaled)
     if selection.wants(OPTIMIZER_STEP):
-        handles += [count_batches(tracer.contracts.accumulation), patch_dataset_fetches(tracer),
+        handles += [patch_batch_yields(tracer), patch_dataset_fetches(tracer),
                     tracer.contracts.autocast_cache.install(), *tracer.contracts.averaged_copies.install()]
     if selection.wants(SCHEDULER_STEP):
         handles += tracer.contracts.schedule_resumes.install()

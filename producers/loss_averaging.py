@@ -36,12 +36,10 @@ import math
 import weakref
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
-from torch.utils.data import dataloader
 
-from .patching import PatchHandle, patch_attribute
 
 #: autograd nodes that rescale a loss (``loss / k``, ``loss * (n / total)``)
 RESCALING_NODES = frozenset({"DivBackward0", "DivBackward1", "MulBackward0", "MulBackward1"})
@@ -163,20 +161,3 @@ class AccumulatedLosses:
         finite = all(loss.value is None or math.isfinite(float(loss.value)) for loss in cycle)
         return False if finite else None
 
-
-def count_batches(losses: AccumulatedLosses) -> PatchHandle:
-    """Count the batches DataLoaders yield in this process.
-
-    Every DataLoader iterator, single- or multi-process, is a ``_BaseDataLoaderIter``
-    whose ``__next__`` yields one batch: the one private name this relies on (tested in
-    ``tests/unit/test_loss_averaging.py``, torch 2.x)."""
-
-    def make(original: Callable[..., Any]) -> Callable[..., Any]:
-        def counted(iterator: Any) -> Any:
-            batch = original(iterator)
-            losses.batch_yielded()
-            return batch
-
-        return counted
-
-    return patch_attribute(dataloader._BaseDataLoaderIter, "__next__", make)

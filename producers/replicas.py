@@ -63,14 +63,18 @@ class GradientSync:
         models, and their parameters were compared across ranks nowhere."""
         return self._marked and not self.shown
 
+    def is_replica(self, roots: Iterable[nn.Module]) -> bool:
+        """Whether this process has shown a synchronisation, asking its models for a
+        DDP-like wrapper while it has not."""
+        if not self.shown and _several_ranks() and any(_wraps_replicas(root) for root in roots):
+            self.shown = True
+        return self.shown
+
     def mark_unsynchronised(self, taken: list[tuple[Any, dict[str, Any]]], roots: Iterable[nn.Module]) -> None:
         """Give a snapshot's attributes the not-all-reduced mark while no gradient
         synchronisation was shown.  In place, like `local_sgd.mark_locally_stepped`: the
         ``parallel`` dict may be shared with the snapshot memo, so it is replaced."""
-        if self.shown or not taken or not _several_ranks():
-            return
-        if any(_wraps_replicas(root) for root in roots):
-            self.shown = True
+        if self.shown or not taken or not _several_ranks() or self.is_replica(roots):
             return
         self._marked = True
         for _, attrs in taken:

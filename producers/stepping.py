@@ -235,8 +235,12 @@ class StepBoundaries:
         with self._tls.own_work():  # the contracts' tensor reads are not the user's calls
             contract = self.contracts.at_step(optimizer, name, self.registry.roots, self.ownership,
                                               self.registry.names_in_model)
+        drawn = self.contracts.replica_batches.take()
+        args: dict[str, Any] = {"self": optimizer}
+        if drawn is not None and self.replicas.is_replica(self.registry.roots()):
+            args["batch_digest"] = drawn
         token = self.begin_call(
-            OPTIMIZER_STEP, f"{cls.__module__}.{cls.__qualname__}.step", {"self": optimizer},
+            OPTIMIZER_STEP, f"{cls.__module__}.{cls.__qualname__}.step", args,
             extra={"obj": name, "trained": trained, "cleared": cleared,
                    "backprop": self._backward_ran},
             optimizer=None if all_rates_zero(optimizer) else optimizer,

@@ -21,6 +21,12 @@
     ``{"form": "distinct", "api": "torch.utils.data.worker_init", "arg":
     "dataset_rng_digest"}`` then judges only pipelines whose dataset keeps its own
     generator (copied unchanged into every worker unless a ``worker_init_fn`` reseeds it).
+``form = "apart"``     the i-th call of an API in a step has a different argument on
+    every rank: ``{"form": "apart", "api": "torch.optim.Optimizer.step", "arg":
+    "batch_digest"}`` — data-parallel replicas train on batches of their own
+    (`producers.replica_batches`).  Broken by ranks that all draw the same batches (a
+    sampler that does not split the data by rank).  Only digests of data are learnt
+    apart (`names_data_digest`), and they are never learnt as agreeing across ranks.
 """
 
 from __future__ import annotations
@@ -40,6 +46,11 @@ def across_ranks(value: Any) -> Any:
     if isinstance(value, dict) and value.get("T") == "tensor" and "value" in value:
         return {key: item for key, item in value.items() if key != "value"}
     return value
+
+
+def names_data_digest(arg: Any) -> bool:
+    """Whether an argument is a digest of the data a rank trained on."""
+    return str(arg).endswith("batch_digest")
 
 
 def names_rng_value(arg: Any) -> bool:
@@ -70,7 +81,11 @@ class APIArg(Template):
     def keeps_hypothesis(self, params: Mapping[str, Any]) -> bool:
         # "never repeats" is a law only for values drawn from an RNG; that a tensor or
         # an id was never passed twice in the references is one program's habit
-        return params["form"] != "distinct" or names_rng_value(params["arg"])
+        # and data digests are judged only as differing across ranks
+        form, arg = params["form"], params["arg"]
+        if form == "distinct":
+            return names_rng_value(arg)
+        return (form == "apart") == names_data_digest(arg)
 
     def check_plan(self, families: Any) -> tuple[dict[tuple[str, str], list[str]], frozenset[str]]:
         """(form, api) -> the sorted argument names its families are about, and the APIs."""
@@ -98,8 +113,9 @@ class APIArg(Template):
             per_rank[rank] = grouped
         apis = sorted(set().union(*(g.keys() for g in per_rank.values()))) if per_rank else []
         for api in apis:
-            if wanted is None or ("ranks", api) in wanted:
-                yield from self._rank_sites(view, api, per_rank, mode, None if wanted is None else wanted[("ranks", api)])
+            aligned = None if wanted is None else [*wanted.get(("ranks", api), ()), *wanted.get(("apart", api), ())]
+            if aligned is None or aligned:
+                yield from self._rank_sites(view, api, per_rank, mode, aligned)
             if wanted is None or ("distinct", api) in wanted:
                 yield from self._distinct_sites(view, api, per_rank, mode,
                                                 None if wanted is None else wanted[("distinct", api)])
@@ -130,6 +146,9 @@ class APIArg(Template):
             else:
                 names = [n for n in wanted_names if all(n in c["args"] for c in calls.values())]
             for name in names:
+                if names_data_digest(name):
+                    yield from self._apart_sites(view, calls, api, name, index, mode)
+                    continue
                 family = ("ranks", api, name)
                 if checking and family not in families:
                     continue
@@ -156,6 +175,32 @@ class APIArg(Template):
                     stage=calls[holders[0]].get("stage", ""),
                     evidence=evidence,
                 )
+
+    def _apart_sites(self, view: WindowView, calls: dict[int, dict[str, Any]], api: str, name: str,
+                     index: int, mode: Mode) -> Iterator[Site]:
+        """The i-th calls of one kind of pass: no two ranks passed the same value.  A
+        ``None`` is "not applicable" (a step that drew no batch of its own)."""
+        family = ("apart", api, name)
+        if mode.checking and family not in mode.families:
+            return
+        valued = {r: c for r, c in calls.items() if c["args"].get(name) is not None}
+        if len(valued) < 2:
+            return
+        ranks_by_value: dict[Any, list[int]] = {}
+        for rank, call in valued.items():
+            ranks_by_value.setdefault(freeze(call["args"][name]), []).append(rank)
+        shared = sorted(r for ranks in ranks_by_value.values() if len(ranks) > 1 for r in ranks)
+        if not shared and mode.checking:
+            return
+        first = valued[min(valued)]
+        yield Site(
+            family=family,
+            observed=not shared,
+            records=lambda valued=valued: [view.call_record(c, r) for r, c in valued.items()],
+            ranks=shared,
+            stage=first.get("stage", ""),
+            evidence={"call_index": index, "arg": name, "ranks_with_the_same_value": shared} if shared else {},
+        )
 
     def _distinct_sites(self, view: WindowView, api: str, per_rank: dict, mode: Mode,
                         wanted_names: list[str] | None) -> Iterator[Site]:
@@ -202,7 +247,7 @@ class APIArg(Template):
         return {"form": family[0], "api": family[1], "arg": family[2]}
 
     def key(self, params: Mapping[str, Any]) -> tuple[tuple, Any]:
-        if params["form"] not in ("ranks", "distinct"):
+        if params["form"] not in ("ranks", "distinct", "apart"):
             raise ValueError("form")
         return (params["form"], str(params["api"]), str(params["arg"])), None
 
@@ -212,11 +257,17 @@ class APIArg(Template):
     def describe(self, params: Mapping[str, Any]) -> str:
         if params["form"] == "ranks":
             return f"argument {params['arg']!r} of {params['api']} is the same on every rank for the same call"
+        if params["form"] == "apart":
+            return f"argument {params['arg']!r} of {params['api']} differs between any two ranks for the same call"
         return f"argument {params['arg']!r} of {params['api']} never repeats across calls within a step"
 
     def hint(self, params: Mapping[str, Any]) -> str:
         if params["form"] == "ranks":
             return ("ranks disagree on this call: rank-dependent configuration, uneven data/shapes, or a collective "
                     "issued with different arguments (can hang or silently corrupt the reduction)")
+        if params["form"] == "apart":
+            return ("ranks trained on the same batches: the sampler does not split the data by rank (a plain or "
+                    "weighted random sampler seeded alike on every rank instead of a DistributedSampler, or an "
+                    "iterable dataset that ignores the rank), so the replicas average copies of one gradient")
         return ("values that should differ are repeated: RNG state copied into every worker/call "
                 "(e.g. numpy seeded once before forking DataLoader workers), or an init re-run with the same seed")

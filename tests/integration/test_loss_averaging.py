@@ -180,7 +180,7 @@ def test_lbfgs_closures_are_the_steps_own(tmp_path):
 
 
 def test_dataloader_iterators_yield_through_the_counted_private_next():
-    """`producers.loss_averaging.count_batches` relies on every DataLoader iterator being a
+    """`producers.replica_batches.patch_batch_yields` relies on every DataLoader iterator being a
     ``_BaseDataLoaderIter`` whose ``__next__`` yields each batch."""
     iterator = iter(_loader())
     assert isinstance(iterator, dataloader._BaseDataLoaderIter)

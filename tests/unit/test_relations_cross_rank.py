@@ -148,3 +148,27 @@ def test_variables_marked_as_shards_by_their_framework_are_not_replicas():
     # a mark that says "replicated" (sequence-parallel LayerNorm) does not exempt it
     replicated = shard(list(SyntheticRun(run="sp", world=2, steps=5).batches()), 2, {"sequence_parallel": True})
     assert [v.step for v in check([inv], replicated)] == [2, 3, 4]
+
+
+def test_ranks_training_on_the_same_batches_are_reported_apart_from_steps_without_a_batch():
+    """Replicas draw batches of their own: a step whose ranks trained on the same batch
+    digest breaks ``apart``; a step that drew no batch on a rank (None) is not judged."""
+    step_api = "torch.optim.Optimizer.step"
+
+    def run(digests):
+        for step, by_rank in enumerate(digests):
+            for rank, digest in enumerate(by_rank):
+                yield call_batch(step, [{"api": step_api, "args": {"batch_digest": digest}}], rank=rank, world=2)
+
+    inferencer = Inferencer(["APIArg"])
+    inferencer.add_trace(run([("a0", "b0"), ("a1", "b1"), ("a2", None)]))
+    rules = inferencer.finish()
+    # learnt only as differing across ranks: agreement and within-rank forms are refused
+    assert [inv.params for inv in rules] == [{"form": "apart", "api": step_api, "arg": "batch_digest"}]
+    assert check(rules, run([("c0", "d0"), ("c1", None)])) == []
+    violations = check(rules, run([("c0", "d0"), ("c1", "d1"), ("e", "e")]))
+    assert [(v.step, v.ranks) for v in violations] == [(2, [0, 1])]
+    assert violations[0].evidence["first"]["ranks_with_the_same_value"] == [0, 1]
+    # one healthy reference whose ranks shared a batch drops the rule
+    inferencer.add_trace(run([("f", "f")]))
+    assert inferencer.finish() == []
