@@ -309,7 +309,9 @@ DATALOADER_EPOCH = "torch.utils.data.DataLoader.__iter__"
 #: ``resumes_loaded_weights`` — an optimizer's first step after a resume steps no parameter
 #: re-initialised since a load gave it its values; ``anneals_within_horizon`` — every
 #: ``CosineAnnealingLR`` the program stepped over the optimizer is within its ``T_max``;
-#: ``steps_each_memory_once`` — no two parameters an optimizer holds are one memory.
+#: ``steps_each_memory_once`` — no two parameters an optimizer holds are one memory;
+#: ``replays_checkpoint_rng`` — no activation-checkpointed block that drew random numbers
+#: since the previous step ran without preserving its RNG state for the recompute.
 CONTRACTS: dict[str, str] = {
     "unscaled_grads": CLIP_GRAD_NORM,
     "replaces_weights": MODULE_LOAD_STATE_DICT,
@@ -335,6 +337,7 @@ CONTRACTS: dict[str, str] = {
     "resumes_loaded_weights": OPTIMIZER_STEP,
     "anneals_within_horizon": OPTIMIZER_STEP,
     "steps_each_memory_once": OPTIMIZER_STEP,
+    "replays_checkpoint_rng": OPTIMIZER_STEP,
     "resumes_schedule": SCHEDULER_STEP,
     "steps_once_per_epoch": SCHEDULER_STEP,
     "compares_like_shapes": TENSOR_BACKWARD,

@@ -18,7 +18,8 @@ seen fitted, and how often each schedule was stepped since its optimizer's lates
 which deep copies of trained parameters the program averages into, and which loaded
 parameters were re-initialised before a resumed optimizer stepped them, which cosine
 schedules were stepped over each optimizer, whether an optimizer's parameters
-share memory, and which training batches a data-parallel replica drew since its latest step.
+share memory, which training batches a data-parallel replica drew since its latest step,
+and whether the checkpointed blocks that drew random numbers kept their RNG state.
 They live together here so that the tracer holds one object for all of them.
 """
 
@@ -46,6 +47,7 @@ from .replayed_rngs import ReplayedRngs
 from .resumed_weights import ResumedWeights
 from .replica_batches import ReplicaBatches
 from .sampler_epochs import SamplerEpochs
+from .checkpoint_rng import CheckpointRng
 from .clip_bounds import ClipBounds
 from .schedule_horizons import ScheduleHorizons
 from .shared_memory import SharedMemory
@@ -90,6 +92,7 @@ class ContractFacts:
     schedule_horizons: ScheduleHorizons
     shared_memory: SharedMemory
     replica_batches: ReplicaBatches
+    checkpoint_rng: CheckpointRng
 
     def at_step(self, optimizer: torch.optim.Optimizer, optimizer_name: str,
                 roots: Callable[[], list[torch.nn.Module]], ownership: "ParameterOwnership",
@@ -126,6 +129,7 @@ class ContractFacts:
             "resumes_loaded_weights": self.resumed_weights.resumes_loaded_weights(optimizer),
             "anneals_within_horizon": self.schedule_horizons.anneals_within_horizon(optimizer),
             "steps_each_memory_once": self.shared_memory.steps_each_memory_once(optimizer),
+            "replays_checkpoint_rng": self.checkpoint_rng.replays_checkpoint_rng(),
         }
 
     def backward_ran(self, keeps_graph: bool) -> None:
@@ -155,4 +159,4 @@ class ContractFacts:
                    StoredSamples(), AutocastCache(), FrozenUpdates(), EpochTails(),
                    ForeignGrads(), FittedNorms(), ScheduleCadence(), ClipBounds(), ScheduleTargets(),
                    AveragedCopies(ownership), ResumedWeights(), ScheduleHorizons(), SharedMemory(),
-                   ReplicaBatches())
+                   ReplicaBatches(), CheckpointRng())

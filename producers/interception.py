@@ -37,6 +37,7 @@ from invariants.events import (
 )
 
 from .checkpoint_hooks import install_checkpoint_hooks
+from .checkpoint_rng import patch_checkpoint_rng
 from .grad_clears import cleared_inside_optimizer_update
 from .function_mode import ModeHandle, RecordingMode, mode_target, safe_resolve
 from .identity_hooks import install_identity_hooks
@@ -316,7 +317,8 @@ def install(tracer: Tracer, selection: Selection, on_rank_change: Callable[[], N
         handles += tracer.contracts.loss_scale.install(tracer.contracts.accumulation.loss_scaled)
     if selection.wants(OPTIMIZER_STEP):
         handles += [patch_batch_yields(tracer), patch_dataset_fetches(tracer),
-                    tracer.contracts.autocast_cache.install(), *tracer.contracts.averaged_copies.install()]
+                    tracer.contracts.autocast_cache.install(), *tracer.contracts.averaged_copies.install(),
+                    *patch_checkpoint_rng(tracer)]
     if selection.wants(SCHEDULER_STEP):
         handles += tracer.contracts.schedule_resumes.install()
     if selection.wants(DATALOADER_EPOCH) or selection.wants(SCHEDULER_STEP):

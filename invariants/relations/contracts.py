@@ -76,6 +76,8 @@ DESCRIPTIONS: dict[str, str] = {
                                "CosineAnnealingLR's T_max, a transformers schedule's num_training_steps)"),
     "steps_each_memory_once": ("{api} never holds two parameters that are one memory (each tensor is stepped "
                                "once per step)"),
+    "replays_checkpoint_rng": ("{api} never follows an activation-checkpointed block that drew random numbers "
+                               "(dropout) without preserving its RNG state for the recompute"),
     "resumes_schedule": ("{api} never starts a schedule over from epoch 0 for an optimizer resumed from a "
                          "checkpoint"),
     "steps_once_per_epoch": ("{api} of a StepLR/MultiStepLR counts epochs: stepped per iteration it never lowers "
@@ -184,6 +186,10 @@ HINTS: dict[str, str] = {
                                "the horizon was counted in epochs for a schedule stepped per batch (or in optimizer "
                                "steps for one stepped per micro-batch): set T_max to the number of scheduler steps "
                                "(epochs * batches per epoch / accumulation), or step it once per epoch"),
+    "replays_checkpoint_rng": ("a checkpointed block drew random numbers (dropout) with preserve_rng_state=False, so "
+                               "the backward recomputed its activations with other masks and the gradients belong to "
+                               "another network than the loss: keep the default preserve_rng_state=True wherever a "
+                               "checkpointed block has dropout or other randomness"),
     "steps_each_memory_once": ("two parameters the optimizer holds are one memory, so every step updates it twice, "
                                "each time with its own moments: a checkpoint of tied weights loaded with "
                                "load_state_dict(assign=True) wraps the shared tensor in a new Parameter per key; "
