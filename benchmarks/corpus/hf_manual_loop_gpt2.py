@@ -49,6 +49,8 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--gradient-checkpointing", action="store_true",
+                        help="non-reentrant activation checkpointing of every block (run_clm_no_trainer's flag)")
     parser.add_argument("--warmup", type=int, default=2)
     args = parser.parse_args()
 
@@ -63,6 +65,8 @@ def main():
     config = GPT2Config(vocab_size=VOCAB, n_positions=BLOCK, n_embd=32, n_layer=2, n_head=2,
                         bos_token_id=0, eos_token_id=0)
     model = GPT2LMHeadModel(config)
+    if args.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.to(device)
 
     no_decay = ["bias", "ln_1.weight", "ln_2.weight", "ln_f.weight"]

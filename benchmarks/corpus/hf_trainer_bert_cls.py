@@ -73,6 +73,8 @@ def main():
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--eval-steps", type=int, default=3)
     parser.add_argument("--learning-rate", type=float, default=4e-4)
+    parser.add_argument("--gradient-checkpointing", action="store_true",
+                        help="recompute each layer's activations in the backward (run_glue's flag of that name)")
     args = parser.parse_args()
 
     set_seed(args.seed)
@@ -107,6 +109,7 @@ def main():
             dataloader_num_workers=0,
             disable_tqdm=True,
             seed=args.seed,
+            gradient_checkpointing=args.gradient_checkpointing,
         )
         trainer = Trainer(
             model=model,

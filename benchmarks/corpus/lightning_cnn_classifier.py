@@ -17,6 +17,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torchmetrics
 from lightning.pytorch import LightningDataModule, LightningModule, Trainer, seed_everything
+import torch.utils.checkpoint
 from torch.utils.data import DataLoader, TensorDataset, random_split
 
 NUM_CLASSES = 4
@@ -48,7 +49,8 @@ class BlobsDataModule(LightningDataModule):
 
 
 class LitConvNet(LightningModule):
-    def __init__(self, lr: float = 0.05, momentum: float = 0.9, total_steps: int = 100):
+    def __init__(self, lr: float = 0.05, momentum: float = 0.9, total_steps: int = 100,
+                 checkpoint_head: bool = False):
         super().__init__()
         self.save_hyperparameters()
         self.features = nn.Sequential(
@@ -60,7 +62,11 @@ class LitConvNet(LightningModule):
         self.val_acc = torchmetrics.Accuracy(task="multiclass", num_classes=NUM_CLASSES)
 
     def forward(self, x):
-        return self.classifier(self.features(x))
+        features = self.features(x)
+        if self.hparams.checkpoint_head and self.training and torch.is_grad_enabled():
+            # recompute the head (its dropout included) in the backward
+            return torch.utils.checkpoint.checkpoint(self.classifier, features, use_reentrant=False)
+        return self.classifier(features)
 
     def _shared_step(self, batch):
         x, y = batch
@@ -96,11 +102,12 @@ def main():
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--val-every", type=int, default=4, help="validate every N training batches")
     parser.add_argument("--devices", type=int, default=1, help="CPU processes (2: DDP, launched by Lightning)")
+    parser.add_argument("--checkpoint-head", action="store_true", help="activation checkpointing of the head")
     args = parser.parse_args()
 
     seed_everything(args.seed, workers=True, verbose=False)
     dm = BlobsDataModule(seed=args.seed)
-    model = LitConvNet(total_steps=args.steps)
+    model = LitConvNet(total_steps=args.steps, checkpoint_head=args.checkpoint_head)
     trainer = Trainer(
         max_steps=args.steps,
         accelerator="cpu",

@@ -61,6 +61,7 @@ parser.add_argument("--seed", type=int, default=seed)
 parser.add_argument("--gradient_accumulation_steps", type=int, default=gradient_accumulation_steps)
 parser.add_argument("--eval_interval", type=int, default=eval_interval)
 parser.add_argument("--dtype", choices=["float32", "bfloat16"], default=dtype)
+parser.add_argument("--checkpoint_blocks", action="store_true", help="activation checkpointing of every block")
 cli = parser.parse_args()
 # nanoGPT runs iterations 0..max_iters inclusive, so N steps means max_iters = N - 1
 max_iters = cli.steps - 1
@@ -69,6 +70,7 @@ seed = cli.seed
 gradient_accumulation_steps = cli.gradient_accumulation_steps
 eval_interval = cli.eval_interval
 dtype = cli.dtype
+checkpoint_blocks = cli.checkpoint_blocks
 config = {k: v for k, v in globals().items()
           if not k.startswith("_") and isinstance(v, (int, float, bool, str))}
 # -----------------------------------------------------------------------------
@@ -112,7 +114,7 @@ iter_num = 0
 best_val_loss = 1e9
 
 model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size,
-                  bias=bias, vocab_size=meta_vocab_size, dropout=dropout)
+                  bias=bias, vocab_size=meta_vocab_size, dropout=dropout, checkpoint_blocks=checkpoint_blocks)
 print("Initializing a new model from scratch")
 gptconf = GPTConfig(**model_args)
 model = GPT(gptconf)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
+import torch.utils.checkpoint
 from torch.nn import functional as F
 
 
@@ -89,6 +90,9 @@ class GPTConfig:
     n_embd: int = 768
     dropout: float = 0.0
     bias: bool = True
+    #: recompute each block in the backward instead of keeping its activations (the
+    #: activation-checkpointing option of nanoGPT forks that train longer contexts)
+    checkpoint_blocks: bool = False
 
 
 class GPT(nn.Module):
@@ -142,7 +146,10 @@ class GPT(nn.Module):
         pos_emb = self.transformer.wpe(pos)
         x = self.transformer.drop(tok_emb + pos_emb)
         for block in self.transformer.h:
-            x = block(x)
+            if self.config.checkpoint_blocks and self.training and torch.is_grad_enabled():
+                x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
         x = self.transformer.ln_f(x)
 
         if targets is not None:

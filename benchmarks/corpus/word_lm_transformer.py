@@ -16,6 +16,7 @@ import tempfile
 
 import torch
 import torch.nn as nn
+import torch.utils.checkpoint
 import torch.nn.functional as F
 
 
@@ -42,8 +43,9 @@ class PositionalEncoding(nn.Module):
 class TransformerModel(nn.Module):
     """Container module with an encoder, a stack of causal self-attention layers, and a decoder."""
 
-    def __init__(self, ntoken, ninp, nhead, nhid, nlayers, dropout=0.5):
+    def __init__(self, ntoken, ninp, nhead, nhid, nlayers, dropout=0.5, checkpoint_encoder=False):
         super(TransformerModel, self).__init__()
+        self.checkpoint_encoder = checkpoint_encoder
         self.model_type = "Transformer"
         self.src_mask = None
         self.pos_encoder = PositionalEncoding(ninp, dropout)
@@ -68,7 +70,12 @@ class TransformerModel(nn.Module):
             self.src_mask = None
         src = self.encoder(src) * math.sqrt(self.ninp)
         src = self.pos_encoder(src)
-        output = self.transformer_encoder(src, self.src_mask)
+        if self.checkpoint_encoder and self.training and torch.is_grad_enabled():
+            # keep only the encoder's input; recompute its layers (and dropout) in the backward
+            output = torch.utils.checkpoint.checkpoint(self.transformer_encoder, src, self.src_mask,
+                                                       use_reentrant=False)
+        else:
+            output = self.transformer_encoder(src, self.src_mask)
         output = self.decoder(output)
         return F.log_softmax(output, dim=-1)
 
@@ -138,6 +145,7 @@ def main():
     parser.add_argument("--dropout", type=float, default=0.2)
     parser.add_argument("--epoch_batches", type=int, default=3, help="batches between validation passes")
     parser.add_argument("--words", type=int, default=12, help="words to sample after training")
+    parser.add_argument("--checkpoint-encoder", action="store_true", help="activation checkpointing of the encoder")
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
@@ -147,7 +155,8 @@ def main():
     train_data = batchify(markov_stream(ntokens, 2400, transition, data_gen), args.batch_size)
     val_data = batchify(markov_stream(ntokens, 400, transition, data_gen), 8)
 
-    model = TransformerModel(ntokens, args.emsize, args.nhead, args.nhid, args.nlayers, args.dropout)
+    model = TransformerModel(ntokens, args.emsize, args.nhead, args.nhid, args.nlayers, args.dropout,
+                             args.checkpoint_encoder)
     criterion = nn.NLLLoss()
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     # plays the part of main.py's "lr /= 4 when validation stalls"

@@ -105,6 +105,22 @@ CORPUS: tuple[Reference, ...] = (
               modelled_on="pytorch/examples word_language_model (Transformer)"),
     Reference("nanogpt_accum_bf16", "benchmarks/corpus/nanogpt_accum_bf16.py", style="nanogpt",
               modelled_on="karpathy/nanoGPT train.py"),
+    # Activation checkpointing, recomputing blocks with dropout in the backward, three ways:
+    # a block-level checkpoint written by hand, transformers' non-reentrant option in a
+    # native loop, and HF Trainer's reentrant default.
+    Reference("nanogpt_checkpoint_blocks", "benchmarks/corpus/nanogpt_accum_bf16.py", style="nanogpt",
+              extra=("--checkpoint_blocks",), modelled_on="karpathy/nanoGPT train.py, blocks checkpointed"),
+    Reference("hf_manual_loop_gpt2_checkpointing", "benchmarks/corpus/hf_manual_loop_gpt2.py", style="hf-native-loop",
+              extra=("--gradient-checkpointing",),
+              modelled_on="transformers run_clm_no_trainer.py --gradient_checkpointing"),
+    Reference("hf_trainer_bert_cls_checkpointing", "benchmarks/corpus/hf_trainer_bert_cls.py", style="hf-trainer",
+              extra=("--gradient-checkpointing",), modelled_on="transformers run_glue.py --gradient_checkpointing"),
+    Reference("word_lm_transformer_checkpointing", "benchmarks/corpus/word_lm_transformer.py", style="transformer-lm",
+              extra=("--checkpoint-encoder",),
+              modelled_on="pytorch/examples word_language_model (Transformer), encoder checkpointed"),
+    Reference("lightning_cnn_checkpoint_head", "benchmarks/corpus/lightning_cnn_classifier.py", style="lightning",
+              extra=("--checkpoint-head",),
+              modelled_on="Lightning image classifier, head checkpointed"),
     Reference("time_sequence_lbfgs", "benchmarks/corpus/time_sequence_lbfgs.py", style="lbfgs",
               modelled_on="pytorch/examples time_sequence_prediction"),
     Reference("gcn_kipf", "benchmarks/corpus/gcn_kipf.py", style="gnn",
