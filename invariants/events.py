@@ -311,7 +311,9 @@ DATALOADER_EPOCH = "torch.utils.data.DataLoader.__iter__"
 #: ``CosineAnnealingLR`` the program stepped over the optimizer is within its ``T_max``;
 #: ``steps_each_memory_once`` — no two parameters an optimizer holds are one memory;
 #: ``replays_checkpoint_rng`` — no activation-checkpointed block that drew random numbers
-#: since the previous step ran without preserving its RNG state for the recompute.
+#: since the previous step ran without preserving its RNG state for the recompute;
+#: ``clears_between_evaluations`` — a backward in the second or later evaluation of an
+#: optimizer step's closure (LBFGS) starts from gradients cleared since that evaluation began.
 CONTRACTS: dict[str, str] = {
     "unscaled_grads": CLIP_GRAD_NORM,
     "replaces_weights": MODULE_LOAD_STATE_DICT,
@@ -341,6 +343,7 @@ CONTRACTS: dict[str, str] = {
     "resumes_schedule": SCHEDULER_STEP,
     "steps_once_per_epoch": SCHEDULER_STEP,
     "compares_like_shapes": TENSOR_BACKWARD,
+    "clears_between_evaluations": TENSOR_BACKWARD,
     "frozen_norm_keeps_stats": MODULE_FORWARD,
     "evaluates_fitted_norm": MODULE_FORWARD,
     "reshuffles_each_epoch": DATALOADER_EPOCH,

@@ -19,7 +19,8 @@ which deep copies of trained parameters the program averages into, and which loa
 parameters were re-initialised before a resumed optimizer stepped them, which cosine
 schedules were stepped over each optimizer, whether an optimizer's parameters
 share memory, which training batches a data-parallel replica drew since its latest step,
-and whether the checkpointed blocks that drew random numbers kept their RNG state.
+whether the checkpointed blocks that drew random numbers kept their RNG state, and
+whether a step's closure cleared the gradients before each evaluation after the first.
 They live together here so that the tracer holds one object for all of them.
 """
 
@@ -49,6 +50,7 @@ from .replica_batches import ReplicaBatches
 from .sampler_epochs import SamplerEpochs
 from .checkpoint_rng import CheckpointRng
 from .clip_bounds import ClipBounds
+from .closure_clears import ClosureClears
 from .schedule_horizons import ScheduleHorizons
 from .shared_memory import SharedMemory
 from .schedule_cadence import ScheduleCadence
@@ -93,6 +95,7 @@ class ContractFacts:
     shared_memory: SharedMemory
     replica_batches: ReplicaBatches
     checkpoint_rng: CheckpointRng
+    closure_clears: ClosureClears
 
     def at_step(self, optimizer: torch.optim.Optimizer, optimizer_name: str,
                 roots: Callable[[], list[torch.nn.Module]], ownership: "ParameterOwnership",
@@ -150,6 +153,7 @@ class ContractFacts:
         """These optimizers' gradients were cleared: their accumulation cycles start again."""
         self.accumulation.cleared(optimizer_names)
         self.foreign_grads.cleared(optimizer_names)
+        self.closure_clears.cleared(optimizer_names)
 
     @classmethod
     def create(cls, ownership: "ParameterOwnership") -> "ContractFacts":
@@ -159,4 +163,4 @@ class ContractFacts:
                    StoredSamples(), AutocastCache(), FrozenUpdates(), EpochTails(),
                    ForeignGrads(), FittedNorms(), ScheduleCadence(), ClipBounds(), ScheduleTargets(),
                    AveragedCopies(ownership), ResumedWeights(), ScheduleHorizons(), SharedMemory(),
-                   ReplicaBatches(), CheckpointRng())
+                   ReplicaBatches(), CheckpointRng(), ClosureClears())

@@ -236,8 +236,9 @@ def _begin(
         if spec.api in CLEARING_CONTRACTS:
             contract = _clearing_contract(tracer, spec.api, extra or {})
         elif spec.api == TENSOR_BACKWARD:
-            like = compares_like_shapes(args[0])
-            contract = None if like is None else {"compares_like_shapes": like}
+            judged = {"compares_like_shapes": compares_like_shapes(args[0]),
+                      "clears_between_evaluations": tracer.contracts.closure_clears.clears_between_evaluations()}
+            contract = {name: verdict for name, verdict in judged.items() if verdict is not None} or None
         elif spec.api == SCHEDULER_STEP:
             tracer.contracts.schedule_cadence.scheduler_stepped(args[0])
             tracer.contracts.schedule_targets.scheduler_stepped(args[0])

@@ -202,12 +202,16 @@ class StepBoundaries:
             return None
 
     def _closure_then_step(self, closure: Callable[..., Any], optimizer: torch.optim.Optimizer) -> Callable[..., Any]:
+        name = optimizer_id(self.registry.add_optimizer(optimizer))
+
         def closure_then_step(*args: Any, **kwargs: Any) -> Any:
             self._inner_steps.in_closures += 1
+            self.contracts.closure_clears.evaluation_begins(name)
             try:
                 return closure(*args, **kwargs)
             finally:
                 self._inner_steps.in_closures -= 1
+                self.contracts.closure_clears.evaluation_ended()
                 if id(optimizer) in self._deferred_steps:
                     self._deferred_steps.discard(id(optimizer))
                     try:
@@ -270,6 +274,7 @@ class StepBoundaries:
             self.loop.optimizer_step_ended()
             self.ownership.optimizer_stepped(optimizer, self.registry.add_optimizer(optimizer))
             self.contracts.optimizer_step_ended(optimizer)
+            self.contracts.closure_clears.step_ended(optimizer_id(self.registry.add_optimizer(optimizer)))
             decision = self.cycle.after_step(id(optimizer), self.recorder.position)
             if not self.cycle.learnt:
                 # The step may have ended here; keep what its end snapshot would be.

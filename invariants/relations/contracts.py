@@ -76,6 +76,8 @@ DESCRIPTIONS: dict[str, str] = {
                                "CosineAnnealingLR's T_max, a transformers schedule's num_training_steps)"),
     "steps_each_memory_once": ("{api} never holds two parameters that are one memory (each tensor is stepped "
                                "once per step)"),
+    "clears_between_evaluations": ("{api} inside a later evaluation of an optimizer step's closure (LBFGS) "
+                                   "starts from gradients cleared since that evaluation began"),
     "replays_checkpoint_rng": ("{api} never follows an activation-checkpointed block that drew random numbers "
                                "(dropout) without preserving its RNG state for the recompute"),
     "resumes_schedule": ("{api} never starts a schedule over from epoch 0 for an optimizer resumed from a "
@@ -186,6 +188,10 @@ HINTS: dict[str, str] = {
                                "the horizon was counted in epochs for a schedule stepped per batch (or in optimizer "
                                "steps for one stepped per micro-batch): set T_max to the number of scheduler steps "
                                "(epochs * batches per epoch / accumulation), or step it once per epoch"),
+    "clears_between_evaluations": ("the closure given to the optimizer's step does not clear the gradients before "
+                                   "its backward, and the optimizer (LBFGS) evaluates it several times per step: "
+                                   "the line search reads gradients summed over every evaluation so far; call "
+                                   "optimizer.zero_grad() inside the closure, before loss.backward()"),
     "replays_checkpoint_rng": ("a checkpointed block drew random numbers (dropout) with preserve_rng_state=False, so "
                                "the backward recomputed its activations with other masks and the gradients belong to "
                                "another network than the loss: keep the default preserve_rng_state=True wherever a "
