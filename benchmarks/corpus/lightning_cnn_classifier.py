@@ -26,20 +26,22 @@ NUM_CLASSES = 4
 class BlobsDataModule(LightningDataModule):
     """Random 3x16x16 images with a class-dependent bright quadrant."""
 
-    def __init__(self, batch_size: int = 16, seed: int = 0):
+    def __init__(self, batch_size: int = 16, seed: int = 0, train_samples: int = 256):
         super().__init__()
         self.batch_size = batch_size
         self.seed = seed
+        self.train_samples = train_samples
 
     def setup(self, stage=None):
         g = torch.Generator().manual_seed(self.seed)
-        labels = torch.randint(0, NUM_CLASSES, (320,), generator=g)
-        images = torch.randn(320, 3, 16, 16, generator=g) * 0.5
+        total = self.train_samples + 64
+        labels = torch.randint(0, NUM_CLASSES, (total,), generator=g)
+        images = torch.randn(total, 3, 16, 16, generator=g) * 0.5
         for c in range(NUM_CLASSES):
             r, col = divmod(c, 2)
             images[labels == c, :, r * 8:(r + 1) * 8, col * 8:(col + 1) * 8] += 1.0
         full = TensorDataset(images, labels)
-        self.train_set, self.val_set = random_split(full, [256, 64], generator=torch.Generator().manual_seed(self.seed))
+        self.train_set, self.val_set = random_split(full, [self.train_samples, 64], generator=torch.Generator().manual_seed(self.seed))
 
     def train_dataloader(self):
         return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, num_workers=0)
@@ -103,10 +105,11 @@ def main():
     parser.add_argument("--val-every", type=int, default=4, help="validate every N training batches")
     parser.add_argument("--devices", type=int, default=1, help="CPU processes (2: DDP, launched by Lightning)")
     parser.add_argument("--checkpoint-head", action="store_true", help="activation checkpointing of the head")
+    parser.add_argument("--train-samples", type=int, default=256, help="training set size (epochs are shorter)")
     args = parser.parse_args()
 
     seed_everything(args.seed, workers=True, verbose=False)
-    dm = BlobsDataModule(seed=args.seed)
+    dm = BlobsDataModule(seed=args.seed, train_samples=args.train_samples)
     model = LitConvNet(total_steps=args.steps, checkpoint_head=args.checkpoint_head)
     trainer = Trainer(
         max_steps=args.steps,
