@@ -1,16 +1,16 @@
 """Programs written apart from the reference corpus, run zero-config as a user would.
 
-    python benchmarks/outside/run.py [--suite bugs_a|...|bugs_l|healthy_a|...|healthy_l ...]
+    python benchmarks/outside/run.py [--suite bugs_a|...|bugs_m|healthy_a|...|healthy_m ...]
                                      [--only NAME ...] [--work DIR] [--jobs N] [--write-results]
 
 Twenty-four suites of small training programs, each modelled on a named public program or bug
 report (their docstrings say which), written without looking at the references or the
 silent-bug benchmark:
 
-* ``bugs_a`` to ``bugs_l``: a bug that starts partway (the program prints
+* ``bugs_a`` to ``bugs_m``: a bug that starts partway (the program prints
   ``ONSET step K`` at its first buggy optimizer step, 0-based) and a healthy twin
   (``--healthy``);
-* ``healthy_a`` to ``healthy_l``: healthy programs in styles and
+* ``healthy_a`` to ``healthy_m``: healthy programs in styles and
   frameworks the references do not use.
 
 Each batch was written after what the previous one showed had been fixed, so the
@@ -38,9 +38,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-SUITES = ("bugs_a", "bugs_b", "bugs_c", "bugs_d", "bugs_e", "bugs_f", "bugs_g", "bugs_h", "bugs_i", "bugs_j", "bugs_k", "bugs_l",
+SUITES = ("bugs_a", "bugs_b", "bugs_c", "bugs_d", "bugs_e", "bugs_f", "bugs_g", "bugs_h", "bugs_i", "bugs_j", "bugs_k",
+          "bugs_l", "bugs_m",
           "healthy_a", "healthy_b", "healthy_c", "healthy_d", "healthy_e", "healthy_f", "healthy_g", "healthy_h",
-          "healthy_i", "healthy_j", "healthy_k", "healthy_l")
+          "healthy_i", "healthy_j", "healthy_k", "healthy_l", "healthy_m")
 TRAINWATCH = (sys.executable, "-m", "trainwatch.cli")
 ONSET = re.compile(r"ONSET.*?(?:step|iteration) (\d+)")
 TIMEOUT_S = 600
