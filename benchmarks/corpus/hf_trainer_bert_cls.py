@@ -73,6 +73,7 @@ def main():
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--eval-steps", type=int, default=3)
     parser.add_argument("--learning-rate", type=float, default=4e-4)
+    parser.add_argument("--bf16", action="store_true", help="bf16 mixed precision (autocast), run_glue's --bf16")
     parser.add_argument("--gradient-checkpointing", action="store_true",
                         help="recompute each layer's activations in the backward (run_glue's flag of that name)")
     args = parser.parse_args()
@@ -110,6 +111,7 @@ def main():
             disable_tqdm=True,
             seed=args.seed,
             gradient_checkpointing=args.gradient_checkpointing,
+            bf16=args.bf16,
         )
         trainer = Trainer(
             model=model,

@@ -106,6 +106,7 @@ def main():
     parser.add_argument("--devices", type=int, default=1, help="CPU processes (2: DDP, launched by Lightning)")
     parser.add_argument("--checkpoint-head", action="store_true", help="activation checkpointing of the head")
     parser.add_argument("--train-samples", type=int, default=256, help="training set size (epochs are shorter)")
+    parser.add_argument("--precision", default="32-true", help="Trainer precision (bf16-mixed: autocast)")
     args = parser.parse_args()
 
     seed_everything(args.seed, workers=True, verbose=False)
@@ -125,6 +126,7 @@ def main():
         num_sanity_val_steps=1,
         gradient_clip_val=1.0,
         deterministic=True,
+        precision=args.precision,
     )
     trainer.fit(model, datamodule=dm)
     results = trainer.validate(model, datamodule=dm, verbose=False)

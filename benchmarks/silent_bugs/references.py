@@ -169,6 +169,13 @@ CORPUS: tuple[Reference, ...] = (
               modelled_on="karpathy/nanoGPT train.py compile path + makemore MLP"),
     Reference("hf_trainer_bert_cls_ddp", "benchmarks/corpus/hf_trainer_bert_cls.py", TORCHRUN_2, style="hf-trainer",
               modelled_on="run_glue.py launched with torchrun (Trainer's own DDP)"),
+    # Data-parallel runs under bf16 autocast: without them, every cross-rank rule is
+    # learned only outside autocast and is never applied under it.
+    Reference("hf_trainer_bert_cls_ddp_bf16", "benchmarks/corpus/hf_trainer_bert_cls.py", TORCHRUN_2,
+              style="hf-trainer", extra=("--bf16",), modelled_on="run_glue.py --bf16 launched with torchrun"),
+    Reference("lightning_cnn_classifier_ddp_bf16", "benchmarks/corpus/lightning_cnn_classifier.py",
+              extra=("--devices", "2", "--train-samples", "128", "--precision", "bf16-mixed"), style="lightning",
+              modelled_on="Lightning cifar10-baseline with devices=2, strategy='ddp', precision='bf16-mixed'"),
     Reference("lightning_cnn_classifier_ddp", "benchmarks/corpus/lightning_cnn_classifier.py",
               extra=("--devices", "2", "--train-samples", "128"),
               style="lightning", modelled_on="Lightning cifar10-baseline with devices=2, strategy='ddp' (two short epochs)"),
