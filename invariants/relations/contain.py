@@ -109,7 +109,9 @@ class EventContain(Template):
                     if not after:
                         continue
                     for attr, effect in per_call_wanted:
-                        site = _changes_some_site(view, rank, api, attr, effect, call_key, before, after)
+                        site = _changes_some_site(view, rank, api, attr, effect, call_key, before, after,
+                                                  lambda call_key=call_key, api=api, rank=rank:
+                                                  _before_any_backward(view, rank, api, call_key))
                         if site is not None and not (site.observed and checking):
                             yield site
                     if wanted:
@@ -235,7 +237,8 @@ class EventContain(Template):
         if params["form"] == "state":
             api = params["api"]
             attrs = {params["attr"], "grad_digest", "grad_norm", "data_norm"}
-            return FactPlan(apis=set(), state_points={f"pre:{api}", f"post:{api}"}, state_attrs=attrs)
+            # the call itself: whether a backward had run before it (`_before_any_backward`)
+            return FactPlan(apis={api}, state_points={f"pre:{api}", f"post:{api}"}, state_attrs=attrs)
         child = params["child"]
         args = params.get("args") or {}
         return FactPlan(apis={params["api"], child}, args={params["api"]: set(), child: set(args)},
@@ -282,9 +285,22 @@ class EventContain(Template):
         return dict(site.get_evidence(), expected=expected)
 
 
+def _before_any_backward(view: WindowView, rank: int, api: str, call_key: str) -> bool:
+    """Whether the call says no backward pass had run in its process yet (``backprop``)."""
+    return any(call.get("key") == call_key and call.get("backprop") is False
+               for call in view.calls_by_api(rank).get(api, ()))
+
+
 def _changes_some_site(view: WindowView, rank: int, api: str, attr: str, effect: str, call_key: str,
-                       before: Mapping[str, Any], after: Mapping[str, Any]) -> Site | None:
-    """One per-call site: did the call change ``attr`` of at least one variable?"""
+                       before: Mapping[str, Any], after: Mapping[str, Any],
+                       before_any_backward: Callable[[], bool]) -> Site | None:
+    """One per-call site: did the call change ``attr`` of at least one variable?
+
+    A step with no gradient to apply before any backward ran in the process updates
+    nothing by design: a framework still calls ``step`` for a batch the training step
+    skipped (Lightning when ``training_step`` returns None, as a first batch that only
+    initialises data-dependent layers does).  A step without gradients *after*
+    backwards ran is judged: an optimizer left holding a discarded model's tensors."""
     compared = with_grad = significant = 0
     changed = False
     first = None
@@ -305,6 +321,8 @@ def _changes_some_site(view: WindowView, rank: int, api: str, attr: str, effect:
         return None
     if not changed and with_grad and not significant:
         return None  # every gradient is below what can move float32 weights: proves nothing
+    if not changed and not with_grad and before_any_backward():
+        return None
     return Site(
         family=("state", api, attr, effect),
         observed=changed,

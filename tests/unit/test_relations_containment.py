@@ -51,6 +51,26 @@ def test_optimizer_step_that_changes_nothing_without_any_gradient_is_reported():
     assert violations[0].evidence["first"]["with_gradient"] == 0
 
 
+def test_a_step_without_gradients_before_any_backward_is_not_judged():
+    """A framework still steps for a batch its training step skipped before anything was
+    back-propagated (Lightning when ``training_step`` returns None): no update is due."""
+    inv = find("EventContain", form="state", api="torch.optim.Optimizer.step", effect="changes_some")
+    batches = list(SyntheticRun(run="skip", world=1, steps=4, faults=[Fault("step_noop", 2, 0)]).batches())
+
+    def no_grad(attrs, at):
+        attrs.update(grad_digest=None, grad_norm=None)
+
+    def before_any_backward(batch):
+        for event in batch["events"]:
+            if event["kind"] == "call" and event.get("api") == "torch.optim.Optimizer.step":
+                event["backprop"] = False
+        return batch
+
+    batches = _optimizer_step_snapshots(batches, 2, no_grad)
+    assert [v.step for v in check([inv], batches)][:1] == [2]
+    assert [v.step for v in check([inv], [before_any_backward(b) if b["step"] == 2 else b for b in batches])][:1] == [3]
+
+
 def test_optimizer_step_with_only_vanishing_gradients_is_not_judged():
     inv = find("EventContain", form="state", api="torch.optim.Optimizer.step", effect="changes_some")
     batches = list(SyntheticRun(run="tiny", world=1, steps=4, faults=[Fault("step_noop", 2, 0)]).batches())
