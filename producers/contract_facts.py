@@ -65,6 +65,14 @@ if TYPE_CHECKING:
     from .ownership import ParameterOwnership
 
 
+def _outside_models(optimizer: torch.optim.Optimizer, in_model: Callable[[torch.Tensor], bool]) -> bool:
+    """Whether the optimizer's first parameter is a tensor no model the run ran holds."""
+    for group in optimizer.param_groups:
+        for param in group.get("params", ()):
+            return not in_model(param)
+    return False
+
+
 @dataclass(frozen=True)
 class ContractFacts:
     restarts: OptimizerRestarts
@@ -111,7 +119,7 @@ class ContractFacts:
             "keeps_trained_weights": self.rewinds.keeps_trained_weights(optimizer),
             "optimizes_unfrozen": self.unfrozen.optimizes_unfrozen(roots(), ownership.live_optimizers),
             "keeps_weights_after_eval": self.eval_weights.keeps_weights_after_eval(
-                optimizer, lambda: ownership.digests_held_alone(optimizer)),
+                optimizer, lambda: ownership.digests_held_alone(optimizer), _outside_models(optimizer, in_model)),
             "averages_accumulated_losses": self.accumulation.averages_accumulated_losses(optimizer_name, cycle),
             "carries_no_epoch_tail": self.epoch_tails.carries_no_epoch_tail(optimizer_name, cycle),
             "keeps_cycle_across_epoch": self.epoch_tails.keeps_cycle_across_epoch(

@@ -21,7 +21,10 @@ evaluation (one pass over the optimizer's parameters per evaluation).  Not judge
 steps whose neighbours were not snapshotted (sampling), digests not yet read back from
 an accelerator, parameters several live optimizers hold, and an optimizer whose state
 ``Optimizer.load_state_dict`` restored since (a resume restores weights and moments
-together).  Weights the optimizer itself left at its step before an earlier
+together), and an optimizer after whose previous step an optimizer over tensors no model
+holds stepped: an outer optimizer over a copy of the weights that are then copied back
+(DiLoCo's outer Nesterov step every few inner steps, with an evaluation after each sync)
+writes weights it trained, not averaged ones.  Weights the optimizer itself left at its step before an earlier
 evaluation are fine too: a "best" checkpoint taken after an evaluation and restored
 after a worse one (newbob-style rollback, early stopping with patience) puts back
 weights the optimizer trained, never averaged ones.  The contract is
@@ -77,6 +80,7 @@ def _sample_unchanged(before: Snapshot, now: Snapshot) -> bool:
 class _Steps:
     post: Snapshot | None = None  # after the latest step
     evaluations_at_post: int = 0
+    outer_steps_at_post: int = 0
     #: the latest two neighbouring snapshots without an evaluation between them (the
     #: post-step one of a step, the pre-step one of the next): compared only when judging
     calm: tuple[Snapshot, Snapshot] | None = None
@@ -97,6 +101,8 @@ class EvalWeights:
 
     def __init__(self) -> None:
         self.evaluations = 0
+        #: steps of optimizers over tensors no model holds (outer optimizers over weight copies)
+        self.outer_steps = 0
         self._steps: "weakref.WeakKeyDictionary[torch.optim.Optimizer, _Steps]" = weakref.WeakKeyDictionary()
 
     def evaluated(self) -> None:
@@ -112,14 +118,24 @@ class EvalWeights:
             steps.post = steps.calm = None
 
     def keeps_weights_after_eval(self, optimizer: torch.optim.Optimizer,
-                                 digest_now: Callable[[], Digests]) -> bool | None:
+                                 digest_now: Callable[[], Digests], outside_models: bool) -> bool | None:
         """Judged before a step's ``pre`` event; ``digest_now`` digests the parameters
-        the optimizer alone holds (called only at its first step after an evaluation)."""
+        the optimizer alone holds (called only at its first step after an evaluation);
+        ``outside_models``: the optimizer holds tensors no model holds (counted after
+        its own judgement, so that an optimizer over raw tensors is still judged)."""
+        verdict = self._judge(optimizer, digest_now)
+        if outside_models:
+            self.outer_steps += 1
+        return verdict
+
+    def _judge(self, optimizer: torch.optim.Optimizer, digest_now: Callable[[], Digests]) -> bool | None:
         steps = self._steps.get(optimizer)
         if steps is not None:
             self._sample(steps)
         if steps is None or steps.post is None or steps.evaluations_at_post == self.evaluations or steps.restless:
             return None
+        if steps.outer_steps_at_post != self.outer_steps:
+            return None  # an outer optimizer stepped over a copy of the weights since
         if steps.calm is None or not _unchanged(_digests_of(steps.calm[0]), _digests_of(steps.calm[1])):
             return None  # weights change between steps anyway, or no calm interval was seen
         left, now = _digests_of(steps.post), digest_now()
@@ -135,7 +151,7 @@ class EvalWeights:
             steps.calm = (steps.post, pre)
             self._sample(steps)
             steps.unsampled = steps.calm
-        steps.post, steps.evaluations_at_post = post, self.evaluations
+        steps.post, steps.evaluations_at_post, steps.outer_steps_at_post = post, self.evaluations, self.outer_steps
 
     @staticmethod
     def _sample(steps: _Steps) -> None:

@@ -27,6 +27,7 @@ from invariants.events import (BACKWARD_APIS, GRAD_CLEAR_API, MODULE_ZERO_GRAD, 
 from .functional_grads import PendingGradients
 from .iterations import Boundary, IterationTracker
 from .call_state import CallToken, InnerSteps, closure_of
+from .ownership import holds_trainable
 from .grad_clears import HandClears, cleared_inside_optimizer_update
 from .learning_rates import all_rates_zero
 from .sampler_epochs import record_trained_passes
@@ -246,7 +247,7 @@ class StepBoundaries:
         token = self.begin_call(
             OPTIMIZER_STEP, f"{cls.__module__}.{cls.__qualname__}.step", args,
             extra={"obj": name, "trained": trained, "cleared": cleared,
-                   "backprop": self._backward_ran},
+                   "backprop": self._backward_ran and holds_trainable(optimizer)},
             optimizer=None if all_rates_zero(optimizer) else optimizer,
             contract=contract,
         )

@@ -149,3 +149,26 @@ def test_a_best_checkpoint_restored_after_a_worse_evaluation_keeps_the_contract(
 
     assert run(restore_ema=False) == [None] * 3 + [True, None, None, True, None, None]
     assert run(restore_ema=True)[6] is False
+
+
+def test_weights_an_outer_optimizer_stepped_over_a_copy_are_not_judged(tmp_path):
+    """DiLoCo: every few inner steps an outer optimizer over a copy of the weights (no
+    model holds it; gradients assigned by hand) steps, its result is copied back into
+    the model, and an evaluation follows the sync.  Its step says no backward fed it."""
+    outer: list[torch.optim.Optimizer] = []
+
+    def outer_step(model, optimizer, shadow):
+        copies = [nn.Parameter(p.detach().clone(), requires_grad=False) for p in shadow]
+        outer.append(torch.optim.SGD(copies, lr=0.7, momentum=0.9, nesterov=True))
+        for copy, p in zip(copies, model.parameters()):
+            copy.grad = copy.data - p.data
+        outer[0].step()
+        with torch.no_grad():
+            for copy, p in zip(copies, model.parameters()):
+                p.copy_(copy)
+        _evaluate(model)
+
+    assert _train_evaluate_train(tmp_path, outer_step) == [None] * 4 + [None, None, None]
+    steps = [event for _, event in trace_events(trace_batches(tmp_path))
+             if event["kind"] == "call" and event["phase"] == "pre" and event["api"] == OPTIMIZER_STEP]
+    assert [event["backprop"] for event in steps] == [True] * 4 + [False] + [True] * 2
