@@ -50,6 +50,8 @@ class ForwardHooks:
                 if tls.root_grad:
                     self.contracts.wasted_grads.model_inputs(args)
                 tls.root_paths = self.registry.add_root(module)
+                if not self.replicas.shown:
+                    self.replicas.is_replica((module,))  # a DDP wrapper is a replica from its first forward
                 index = self.registry.root_index(module)
                 tls.root_obj = None if index is None else f"m{index}"
                 # Only roots with parameters (models) decide the stage: a loss module

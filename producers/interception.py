@@ -170,7 +170,8 @@ def _make_call_wrapper(
                     if keeps_backward_graph:
                         tracer.backward_keeps_graph = keeps_graph(args, kwargs)
                     elif collective:
-                        tracer.replicas.collective_called(spec.api, tracer.backward_pending)
+                        tracer.replicas.collective_called(spec.api, tracer.backward_pending,
+                                                          args[0] if args else kwargs.get("tensor"))
                     if record:
                         token = _begin(tracer, spec, args, kwargs, names, flag_defaults, function_name, method_suffix)
                     else:

@@ -13,9 +13,12 @@ all-reduce looks like, so comparing them reports every step.
 So a process counts as a replica once it has shown a gradient synchronisation: a
 DDP-like wrapper among its models, or a collective called after a backward and
 before the optimizer step that follows (Horovod-style loops reduce there, also from
-hooks inside the backward).  Until then its parameter snapshots carry the mark
-frameworks give parameters they do not all-reduce (``parallel.allreduce = False``),
-which the cross-rank rules leave out.  The latch never resets: a replica that later
+hooks inside the backward; a reduced scalar, a norm or a loss, is no synchronisation).
+Until then its parameter snapshots carry the mark frameworks give parameters they do
+not all-reduce (``parallel.allreduce = False``),
+which the cross-rank rules leave out, and its calls carry ``ctx.separate``: what
+their arguments hold (a pipeline stage's loss, its parameters to clip) is the model's
+own, so agreeing across ranks is no rule for them.  The latch never resets: a replica that later
 skips its reduction (a module called outside its DDP wrapper) is the bug the rules
 are for.  Single-process runs are never marked.
 """
@@ -42,6 +45,11 @@ def _wraps_replicas(module: nn.Module) -> bool:
                for wrapper in wrapper_chain(module) for cls in type(wrapper).__mro__)
 
 
+def _scalar(moved: Any) -> bool:
+    tensor = moved[0] if isinstance(moved, (list, tuple)) and moved else moved
+    return isinstance(tensor, torch.Tensor) and tensor.numel() <= 1
+
+
 def _several_ranks() -> bool:
     dist = torch.distributed
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
@@ -54,9 +62,17 @@ class GradientSync:
         self.shown = False
         self._marked = False  # snapshots were marked (the process group may be gone at the end)
 
-    def collective_called(self, api: str, backward_pending: bool) -> None:
-        if backward_pending and api not in NOT_REDUCING:
+    def collective_called(self, api: str, backward_pending: bool, moved: Any) -> None:
+        """``moved``: the collective's first argument.  A scalar reduced between the
+        backward and the step is a gradient norm or a loss (pipeline stages clip by the
+        norm of all stages' gradients), not a gradient synchronisation."""
+        if backward_pending and api not in NOT_REDUCING and not _scalar(moved):
             self.shown = True
+
+    def separate(self) -> bool:
+        """For each recorded call: whether it is a separate model's (several ranks, no
+        synchronisation shown yet), which cross-rank argument rules leave out."""
+        return not self.shown and _several_ranks()
 
     def separate_models(self) -> bool:
         """For the run's end: ranks that never showed a synchronisation trained separate

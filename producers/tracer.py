@@ -127,6 +127,8 @@ class Tracer(StepBoundaries, ForwardHooks, StageSwitching, WorkerReports, JoinSh
         ctx = {"grad": grad, "autocast": autocast, "training": bool(root.training) if root is not None else None}
         if not grad and root is not None and self.ownership.untrained(root, self.recorder.step):
             ctx["untrained_model"] = True  # a teacher or target network: no optimizer trains it
+        if self.replicas.separate():
+            ctx["separate"] = True  # `producers.replicas`
         return ctx
 
     def root_in_eval_mode(self) -> bool:

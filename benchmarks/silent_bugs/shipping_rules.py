@@ -49,7 +49,7 @@ from typing import Any, Iterable, Mapping
 from invariants.events import DATALOADER_EPOCH, MODULE_LOAD_STATE_DICT
 from invariants.relations import TEMPLATES
 from invariants.relations.identity import keyed_on_user_class
-from producers.selection import LOSS_FUNCTIONS
+from producers.selection import DROPOUT_FUNCTIONS, LOSS_FUNCTIONS
 
 MIN_PIPELINES = 3
 MIN_STYLES = 3
@@ -256,10 +256,12 @@ def is_data_agreement(invariant: Mapping[str, Any]) -> bool:
     """"A module's (or a loss's) input is the same on every rank": the input is data, and data-parallel
     ranks see different batches (dynamic padding to each batch's longest sequence, an
     uneven last batch), so its shape agreeing across ranks is the references' data, not a
-    law of the program."""
+    law of the program.  The same holds for the activation a dropout is given (its rate
+    and training flag agreeing across ranks is configuration, and stays a rule)."""
     params = invariant["params"]
     return (invariant["relation"] == "APIArg" and params.get("form") == "ranks"
-            and params.get("api") in DATA_APIS)
+            and (params.get("api") in DATA_APIS
+                 or (params.get("api") in DROPOUT_FUNCTIONS and params.get("arg") == "input")))
 
 
 def is_loss_dtype_tie(invariant: Mapping[str, Any]) -> bool:

@@ -4,6 +4,8 @@
     every rank: ``{"form": "ranks", "api": "torch.distributed.all_reduce", "arg": "op"}``,
     also tensor summaries (a collective's shape), dropout ``p``, learning rates.
     Broken by ranks that disagree on a collective (hangs, wrong sums) or hyperparameters.
+    Calls of a rank that trains a separate model (``ctx.separate``: pipeline stages,
+    federated clients) are compared only on collectives.
     A tensor is compared by what the call is about (shape, dtype, device), never by the
     scalar value its summary may carry: that is each rank's own data (a local loss, the
     receive buffer of a ``broadcast`` before it is filled).
@@ -57,6 +59,16 @@ def names_rng_value(arg: Any) -> bool:
     """Whether an argument's name says its value is drawn from an RNG."""
     lowered = str(arg).lower()
     return any(word in lowered for word in RNG_WORDS)
+
+
+COLLECTIVE_PREFIX = "torch.distributed."
+
+
+def _separate(call: dict[str, Any]) -> bool:
+    """A call of a rank that trains a separate model (`producers.replicas`): its
+    arguments are that model's own, never compared across ranks."""
+    ctx = call.get("ctx")
+    return isinstance(ctx, dict) and ctx.get("separate") is True
 
 
 def _by_pass(calls: list[dict[str, Any]]) -> dict[tuple[str, Any], list[dict[str, Any]]]:
@@ -123,6 +135,9 @@ class APIArg(Template):
     def _rank_sites(self, view: WindowView, api: str, per_rank: dict, mode: Mode,
                     wanted_names: list[str] | None) -> Iterator[Site]:
         """``wanted_names``: the sorted argument names deployed rules are about (checking)."""
+        if not api.startswith(COLLECTIVE_PREFIX):  # a collective's arguments agree whatever the model
+            per_rank = {r: {api: kept} for r, grouped in per_rank.items() if api in grouped
+                        for kept in [[call for call in grouped[api] if not _separate(call)]] if kept}
         holders = [r for r in sorted(per_rank) if api in per_rank[r]]
         if len(holders) < 2:
             return

@@ -136,6 +136,9 @@ def test_curation_rules_keep_behaviour_and_drop_artefacts():
     same_input = {"relation": "APIArg", "params": {"api": "torch.nn.Module.forward", "arg": "0", "form": "ranks"}}
     assert is_data_agreement(same_input)
     assert not is_data_agreement({**same_input, "params": {**same_input["params"], "api": "torch.distributed.all_reduce"}})
+    dropout = {"relation": "APIArg", "params": {"api": "torch.nn.functional.dropout", "arg": "input", "form": "ranks"}}
+    assert is_data_agreement(dropout)  # an activation: each rank pads its own batch
+    assert not is_data_agreement({**dropout, "params": {**dropout["params"], "arg": "p"}})
 
     from shipping_rules import MIN_POSITIVES_RARE_CALLS, is_contract_only_habit, min_positives
 

@@ -172,3 +172,29 @@ def test_ranks_training_on_the_same_batches_are_reported_apart_from_steps_withou
     # one healthy reference whose ranks shared a batch drops the rule
     inferencer.add_trace(run([("f", "f")]))
     assert inferencer.finish() == []
+
+
+def test_separate_models_are_compared_across_ranks_only_on_collectives():
+    """Pipeline stages and federated clients train models of their own: a backward's or a
+    clip's arguments differ across their ranks by design, a collective's must not."""
+    def run(shapes, separate):
+        for step in range(3):
+            for rank, shape in enumerate(shapes):
+                tensor = {"T": "tensor", "shape": shape, "dtype": "float32", "device": "cpu"}
+                calls = [{"api": "torch.Tensor.backward", "args": {"self": tensor}},
+                         {"api": "torch.distributed.all_reduce", "args": {"tensor": tensor}}]
+                batch = call_batch(step, calls, rank=rank, world=2)
+                for event in batch["events"]:
+                    if event["kind"] == "call" and separate:
+                        event["ctx"] = {"separate": True}
+                yield batch
+
+    inferencer = Inferencer(["APIArg"])
+    inferencer.add_trace(run([[1], [1]], separate=False))
+    rules = [inv for inv in inferencer.finish() if inv.params["form"] == "ranks"]
+    assert {inv.params["api"] for inv in rules} == {"torch.Tensor.backward", "torch.distributed.all_reduce"}
+    api_of = {inv.id: inv.params["api"] for inv in rules}
+    assert {api_of[v.invariant] for v in check(rules, run([[1], [4, 2]], separate=False))} == {
+        "torch.Tensor.backward", "torch.distributed.all_reduce"}
+    assert {api_of[v.invariant] for v in check(rules, run([[1], [4, 2]], separate=True))} == {
+        "torch.distributed.all_reduce"}
