@@ -244,6 +244,8 @@ class WindowState:
             fact["learned"] = event.learned
         if event.backprop.__class__ is bool:
             fact["backprop"] = event.backprop
+        if event.fed.__class__ is bool:
+            fact["fed"] = event.fed
         ctx = payload(event.ctx)
         if ctx.__class__ is dict:
             fact["ctx"] = ctx

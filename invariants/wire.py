@@ -70,13 +70,15 @@ class CallEvent(_Envelope, tag="call"):
     #: ``Module.zero_grad`` clears, whether an initialiser's target was trained or held
     #: learned values (trained, or loaded from a state dict), and whether an optimizer's
     #: gradients were cleared since its previous step, and whether any backward pass ran
-    #: in the process before an optimizer step (``backprop``)
+    #: in the process before an optimizer step (``backprop``) and since the optimizer's
+    #: previous step (``fed``)
     obj: Any = None
     clears: Any = None
     trained: Any = None
     cleared: Any = None
     learned: Any = None
     backprop: Any = None
+    fed: Any = None
 
 
 class StateEvent(_Envelope, tag="state"):

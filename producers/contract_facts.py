@@ -20,7 +20,8 @@ parameters were re-initialised before a resumed optimizer stepped them, which co
 schedules were stepped over each optimizer, whether an optimizer's parameters
 share memory, which training batches a data-parallel replica drew since its latest step,
 whether the checkpointed blocks that drew random numbers kept their RNG state, and
-whether a step's closure cleared the gradients before each evaluation after the first.
+whether a step's closure cleared the gradients before each evaluation after the first,
+and how many backwards had run at each optimizer's latest step.
 They live together here so that the tracer holds one object for all of them.
 """
 
@@ -38,6 +39,7 @@ from .epoch_schedules import EpochSchedules
 from .epoch_tails import EpochTails
 from .fitted_norms import FittedNorms
 from .eval_weights import EvalWeights
+from .fed_steps import FedSteps
 from .foreign_grads import ForeignGrads
 from .frozen_updates import FrozenUpdates
 from .graph_cuts import GraphCuts
@@ -104,6 +106,7 @@ class ContractFacts:
     replica_batches: ReplicaBatches
     checkpoint_rng: CheckpointRng
     closure_clears: ClosureClears
+    fed_steps: FedSteps
 
     def at_step(self, optimizer: torch.optim.Optimizer, optimizer_name: str,
                 roots: Callable[[], list[torch.nn.Module]], ownership: "ParameterOwnership",
@@ -145,6 +148,7 @@ class ContractFacts:
 
     def backward_ran(self, keeps_graph: bool) -> None:
         """Before a backward outside an optimizer's update."""
+        self.fed_steps.backward()
         self.wasted_grads.backward_ran(keeps_graph)
         self.clip_bounds.backward_ran()
         self.averaged_copies.backward_ran(self.loss_scale.updates)
@@ -171,4 +175,5 @@ class ContractFacts:
                    StoredSamples(), AutocastCache(), FrozenUpdates(), EpochTails(),
                    ForeignGrads(), FittedNorms(), ScheduleCadence(), ClipBounds(), ScheduleTargets(),
                    AveragedCopies(ownership), ResumedWeights(), ScheduleHorizons(), SharedMemory(),
-                   ReplicaBatches(), CheckpointRng(), ClosureClears())
+                   ReplicaBatches(), CheckpointRng(), ClosureClears(),
+                   FedSteps())

@@ -247,7 +247,8 @@ class StepBoundaries:
         token = self.begin_call(
             OPTIMIZER_STEP, f"{cls.__module__}.{cls.__qualname__}.step", args,
             extra={"obj": name, "trained": trained, "cleared": cleared,
-                   "backprop": self._backward_ran and holds_trainable(optimizer)},
+                   "backprop": self._backward_ran and holds_trainable(optimizer),
+                   "fed": self.contracts.fed_steps.fed(optimizer)},
             optimizer=None if all_rates_zero(optimizer) else optimizer,
             contract=contract,
         )

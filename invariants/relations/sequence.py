@@ -22,6 +22,9 @@ Ordering rules are the noisiest template, so this one is pruned hard:
 * a step whose call says no backward pass ever ran in its process (``backprop`` false:
   gradients computed with ``torch.func``/``autograd.grad`` and assigned, DP-SGD style)
   is not judged on a backward before it;
+* a step whose call says a backward ran since its optimizer's previous step (``fed``)
+  counts as preceded by a backward, even when the backward sits in the previous window
+  (two critics back-propagated, then stepped one after the other);
 * a step whose call says its optimizer was ``cleared`` since its previous step counts
   as preceded by that clear, even when it sits in the previous window (optimizers that
   each clear right after their own step: the window ends after the last one);
@@ -110,8 +113,11 @@ class APISequence(Template):
             # step) has had its clear, wherever the window boundary fell
             carried = {fact for call in top_level if call["api"] == OPTIMIZER_STEP and call.get("cleared") is True
                        for fact in call_facts(call)}
+            # a step no backward can have fed (none ran in its process), or one a backward
+            # fed since its previous step (which may sit in the previous window)
             without_backprop = {fact for call in top_level
-                                if call["api"] == OPTIMIZER_STEP and call.get("backprop") is False
+                                if call["api"] == OPTIMIZER_STEP
+                                and (call.get("backprop") is False or call.get("fed") is True)
                                 for fact in call_facts(call)}
             counts: dict[str, int] = {}
             for api, _ in facts:

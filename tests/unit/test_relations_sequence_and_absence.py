@@ -36,11 +36,12 @@ def test_the_hint_of_a_training_call_in_evaluation_points_at_eval_mode_left_on()
     assert "re-initialised" in again
 
 
-def _plain(step, *, backward=True, backprop=True, backward_api="torch.Tensor.backward"):
+def _plain(step, *, backward=True, backprop=True, backward_api="torch.Tensor.backward", fed=None):
     from invariants.events import make_batch
     events, cid = [], step * 100
     for api, extra in (("torch.optim.Optimizer.zero_grad", {"obj": "opt0"}), (backward_api, {}),
-                       ("torch.optim.Optimizer.step", {"obj": "opt0", "trained": step > 1, "backprop": backprop})):
+                       ("torch.optim.Optimizer.step", {"obj": "opt0", "trained": step > 1, "backprop": backprop,
+                                                       **({} if fed is None else {"fed": fed})})):
         if api == backward_api and not backward:
             continue
         cid += 2
@@ -63,6 +64,19 @@ def test_steps_of_a_process_that_never_ran_backward_are_not_judged_on_one():
     assert check(rules, functional) == []
     dropped = [_plain(s, backward=s < 4) for s in range(8)]  # backward forgotten from step 4 on
     assert [v.step for v in check(rules, dropped)] == [4, 5, 6, 7]
+
+
+def test_a_step_fed_by_a_backward_in_the_previous_window_counts_as_preceded_by_one():
+    """Two critics back-propagated, then stepped one after the other: the window boundary
+    can fall between a backward and the step it fed, which says ``fed``."""
+    from invariants.inference import Inferencer
+    inferencer = Inferencer(["APISequence"])
+    inferencer.add_trace([_plain(s) for s in range(8)])
+    rules = [inv for inv in inferencer.finish() if inv.params == {"first": "torch.Tensor.backward",
+                                                                   "then": "torch.optim.Optimizer.step"}]
+    assert rules
+    assert check(rules, [_plain(s, backward=s < 4, fed=True) for s in range(8)]) == []
+    assert [v.step for v in check(rules, [_plain(s, backward=s < 4, fed=s < 4) for s in range(8)])] == [4, 5, 6, 7]
 
 
 def test_a_backward_run_through_torch_autograd_backward_is_a_backward():
