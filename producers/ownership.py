@@ -31,13 +31,6 @@ def optimizer_param_ids(optimizer: torch.optim.Optimizer) -> frozenset[int]:
     return frozenset(id(p) for group in optimizer.param_groups for p in group.get("params", ()))
 
 
-def holds_trainable(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether some parameter of the optimizer can take a gradient from a backward: an
-    optimizer over tensors that require none (DiLoCo's outer optimizer over a copy of the
-    weights) steps gradients assigned by hand."""
-    return any(getattr(p, "requires_grad", False) for group in optimizer.param_groups for p in group.get("params", ()))
-
-
 class ParameterOwnership:
     """Optimizer membership, trained and loaded parameters and ``.data`` aliases of one process."""
 

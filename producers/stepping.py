@@ -27,7 +27,6 @@ from invariants.events import (BACKWARD_APIS, GRAD_CLEAR_API, MODULE_ZERO_GRAD, 
 from .functional_grads import PendingGradients
 from .iterations import Boundary, IterationTracker
 from .call_state import CallToken, InnerSteps, closure_of
-from .ownership import holds_trainable
 from .grad_clears import HandClears, cleared_inside_optimizer_update
 from .learning_rates import all_rates_zero
 from .sampler_epochs import record_trained_passes
@@ -247,7 +246,7 @@ class StepBoundaries:
         token = self.begin_call(
             OPTIMIZER_STEP, f"{cls.__module__}.{cls.__qualname__}.step", args,
             extra={"obj": name, "trained": trained, "cleared": cleared,
-                   "backprop": self._backward_ran and holds_trainable(optimizer),
+                   "backprop": self._backward_ran,
                    "fed": self.contracts.fed_steps.fed(optimizer)},
             optimizer=None if all_rates_zero(optimizer) else optimizer,
             contract=contract,
