@@ -31,19 +31,21 @@ class ClosureClears:
     """The closures under way (innermost last) and each stepping optimizer's evaluations."""
 
     _running: list[_Evaluation] = field(default_factory=list)
-    _counts: dict[str, int] = field(default_factory=dict)
+    #: evaluations so far of the step under way, by ``id`` of its optimizer
+    _counts: dict[int, int] = field(default_factory=dict)
 
-    def evaluation_begins(self, optimizer_name: str) -> None:
-        index = self._counts.get(optimizer_name, 0) + 1
-        self._counts[optimizer_name] = index
+    def evaluation_begins(self, optimizer_key: int, optimizer_name: str) -> None:
+        index = self._counts.get(optimizer_key, 0) + 1
+        self._counts[optimizer_key] = index
         self._running.append(_Evaluation(optimizer_name, index))
 
     def evaluation_ended(self) -> None:
         if self._running:
             self._running.pop()
 
-    def step_ended(self, optimizer_name: str) -> None:
-        self._counts.pop(optimizer_name, None)
+    def step_ended(self, optimizer_key: int) -> None:
+        if self._counts:
+            self._counts.pop(optimizer_key, None)
 
     def cleared(self, optimizer_names: list[str]) -> None:
         for evaluation in self._running:

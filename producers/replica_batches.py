@@ -29,6 +29,7 @@ from torch.utils.data import dataloader
 
 from .digest import cpu_digest
 from .patching import PatchHandle, patch_attribute
+from .replicas import several_ranks
 
 if TYPE_CHECKING:
     from .tracer import Tracer
@@ -98,11 +99,6 @@ def _combined(digests: list[str]) -> str:
     return xxhash.xxh3_64_hexdigest("|".join(digests))
 
 
-def _several_ranks() -> bool:
-    dist = torch.distributed
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
 def patch_batch_yields(tracer: "Tracer") -> PatchHandle:
     """Count every batch a DataLoader yields (`producers.loss_averaging`) and, in a
     multi-process run's training pass, digest it.
@@ -116,7 +112,7 @@ def patch_batch_yields(tracer: "Tracer") -> PatchHandle:
         def yielded(iterator: Any) -> Any:
             batch = original(iterator)
             contracts.accumulation.batch_yielded()
-            if tracer.enabled and not tracer.busy and _several_ranks():
+            if tracer.enabled and not tracer.busy and several_ranks():
                 try:
                     if torch.is_grad_enabled() and not tracer.root_in_eval_mode():
                         contracts.replica_batches.yielded(batch)

@@ -50,7 +50,7 @@ def _scalar(moved: Any) -> bool:
     return isinstance(tensor, torch.Tensor) and tensor.numel() <= 1
 
 
-def _several_ranks() -> bool:
+def several_ranks() -> bool:
     dist = torch.distributed
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
@@ -72,7 +72,7 @@ class GradientSync:
     def separate(self) -> bool:
         """For each recorded call: whether it is a separate model's (several ranks, no
         synchronisation shown yet), which cross-rank argument rules leave out."""
-        return not self.shown and _several_ranks()
+        return not self.shown and several_ranks()
 
     def separate_models(self) -> bool:
         """For the run's end: ranks that never showed a synchronisation trained separate
@@ -82,7 +82,7 @@ class GradientSync:
     def is_replica(self, roots: Iterable[nn.Module]) -> bool:
         """Whether this process has shown a synchronisation, asking its models for a
         DDP-like wrapper while it has not."""
-        if not self.shown and _several_ranks() and any(_wraps_replicas(root) for root in roots):
+        if not self.shown and several_ranks() and any(_wraps_replicas(root) for root in roots):
             self.shown = True
         return self.shown
 
@@ -90,7 +90,10 @@ class GradientSync:
         """Give a snapshot's attributes the not-all-reduced mark while no gradient
         synchronisation was shown.  In place, like `local_sgd.mark_locally_stepped`: the
         ``parallel`` dict may be shared with the snapshot memo, so it is replaced."""
-        if self.shown or not taken or not _several_ranks() or self.is_replica(roots):
+        if self.shown or not taken or not several_ranks():
+            return
+        if any(_wraps_replicas(root) for root in roots):
+            self.shown = True
             return
         self._marked = True
         for _, attrs in taken:

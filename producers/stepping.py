@@ -206,7 +206,7 @@ class StepBoundaries:
 
         def closure_then_step(*args: Any, **kwargs: Any) -> Any:
             self._inner_steps.in_closures += 1
-            self.contracts.closure_clears.evaluation_begins(name)
+            self.contracts.closure_clears.evaluation_begins(id(optimizer), name)
             try:
                 return closure(*args, **kwargs)
             finally:
@@ -275,7 +275,7 @@ class StepBoundaries:
             self.loop.optimizer_step_ended()
             self.ownership.optimizer_stepped(optimizer, self.registry.add_optimizer(optimizer))
             self.contracts.optimizer_step_ended(optimizer)
-            self.contracts.closure_clears.step_ended(optimizer_id(self.registry.add_optimizer(optimizer)))
+            self.contracts.closure_clears.step_ended(id(optimizer))
             decision = self.cycle.after_step(id(optimizer), self.recorder.position)
             if not self.cycle.learnt:
                 # The step may have ended here; keep what its end snapshot would be.
