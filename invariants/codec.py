@@ -40,8 +40,23 @@ def _extension(code: int, data: memoryview) -> msgpack.ExtType:
 #: Decoding is the largest per-event cost of every consumer (stream worker, ``check``,
 #: ``infer``); msgspec's untyped msgpack decoder builds the same dicts, lists and
 #: strings as ``msgpack.unpackb`` about 1.3-1.6x faster (it caches repeated map keys).
-#: Encoding stays with msgpack: producers depend on its fallback behaviour.
 _DECODER = msgspec.msgpack.Decoder(ext_hook=_extension)
+
+
+def _as_plain_type(value: Any) -> Any:
+    """msgpack packs a subclass of a plain type as that type (``numpy.float64``, a
+    summary's scalar; ``torch.__version__``, a ``str``); msgspec asks.  What neither
+    encodes is refused and the recorder's sanitising fallback takes it (msgspec encodes
+    a few values msgpack refuses: enum members by value, sets as arrays, datetimes)."""
+    for plain in (float, str, int, bytes):
+        if isinstance(value, plain):
+            return plain(value)
+    raise TypeError(f"cannot encode a {type(value).__qualname__}")
+
+
+#: The producer encodes every batch of every step on the training thread; msgspec's
+#: encoder writes the same bytes as ``msgpack.packb(use_bin_type=True)`` about 3x faster.
+_ENCODER = msgspec.msgpack.Encoder(enc_hook=_as_plain_type)
 
 TRACE_MAGIC = b"TWTRACE\x01"
 TRACE_SUFFIX = ".twtrace"
@@ -60,7 +75,7 @@ class TraceCorruption(ValueError):
 
 
 def encode_batch(batch: Batch) -> bytes:
-    return msgpack.packb(batch, use_bin_type=True)
+    return _ENCODER.encode(batch)
 
 
 def decode_bounded(decoder: Any, payload: Any) -> Any:

@@ -86,11 +86,27 @@ def _within(tensors: list[torch.Tensor], bound: float, norm_type: float) -> bool
     grads = [t.grad for t in tensors if t.grad is not None]
     if not grads or norm_type not in (1.0, 2.0, math.inf):
         return None
-    if any(g.device.type != "cpu" or g.is_sparse for g in grads):
-        return None
+    for grad in grads:
+        if not grad.is_cpu or grad.is_sparse:
+            return None
+    dtypes = {grad.dtype for grad in grads}
     with torch.no_grad():
-        total = float(torch.nn.utils.get_total_norm(grads, norm_type))
+        # one fused pass; `get_total_norm` would first group the tensors by device and dtype
+        norms = torch._foreach_norm(grads, norm_type)
+        if len(dtypes) > 1:
+            norms = [norm.float() for norm in norms]
+        total = float(torch.linalg.vector_norm(torch.stack(norms), norm_type))
     if not math.isfinite(total):
         return None
-    slack = max(TOLERANCE, ROUNDING_EPSILONS * max(torch.finfo(g.dtype).eps for g in grads))
-    return total <= bound * (1 + slack) + 1e-6
+    return total <= bound * (1 + _slack(dtypes)) + 1e-6
+
+
+def _slack(dtypes: set[torch.dtype]) -> float:
+    return max(TOLERANCE, ROUNDING_EPSILONS * max(_EPSILONS.get(dtype) or _epsilon(dtype) for dtype in dtypes))
+
+
+_EPSILONS: dict[torch.dtype, float] = {}
+
+
+def _epsilon(dtype: torch.dtype) -> float:
+    return _EPSILONS.setdefault(dtype, torch.finfo(dtype).eps)

@@ -34,6 +34,28 @@ def test_round_trip():
     assert batch_key("r1", 3) == b"r1:3"
 
 
+def test_encoding_writes_what_msgpack_writes_including_float_subclasses():
+    """Summaries may carry numpy scalars that subclass float, and str subclasses
+    (``torch.__version__``): they pack as the plain type."""
+    import numpy as np
+    import torch
+
+    event = {"kind": "call", "t": 2**62, "pid": 1, "tid": 1, "stage": "train", "phase": "pre",
+             "args": {"0": {"T": "tensor", "shape": [3, 4], "value": np.float64(0.25)}, "1": (1, -2, 2**64 - 1)},
+             "blob": b"\x00\x01", "text": "é", "none": None, "flag": True, "neg": -(2**63),
+             "version": torch.__version__}
+    batch = _batch(events=[event])
+    assert encode_batch(batch) == msgpack.packb(batch, use_bin_type=True)
+
+
+def test_what_msgpack_refuses_is_refused_so_the_recorder_sanitises_it():
+    import numpy as np
+
+    for refused in (object(), np.int64(3), 2**64):
+        with pytest.raises((TypeError, OverflowError)):
+            encode_batch(_batch(events=[{"kind": "step", "x": refused}]))
+
+
 @pytest.mark.parametrize(
     "payload,reason",
     [
@@ -66,7 +88,7 @@ def test_extension_values_decode_to_values_window_state_can_hold():
     batch["events"].insert(0, {"kind": "state", "t": 1, "pid": 1, "tid": 1, "stage": "train", "name": "w",
                                "at": "step_end", "attrs": {"when": msgpack.Timestamp(7, 0),
                                                            "blob": msgpack.ExtType(5, b"xy")}})
-    decoded = decode_batch(encode_batch(batch))
+    decoded = decode_batch(msgpack.packb(batch, use_bin_type=True))  # another producer's bytes
     attrs = decoded["events"][0]["attrs"]
     assert attrs["blob"] == msgpack.ExtType(5, b"xy")
     assert attrs["when"].timestamp() == 7
