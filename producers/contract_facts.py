@@ -60,6 +60,7 @@ from .schedule_targets import ScheduleTargets
 from .schedule_resumes import ScheduleResumes
 from .stored_samples import StoredSamples
 from .unfrozen_params import UnfrozenParams
+from .unstepped_optimizers import UnsteppedOptimizers
 from .wasted_grads import WastedGrads
 from .weight_rewinds import WeightRewinds
 
@@ -107,6 +108,7 @@ class ContractFacts:
     checkpoint_rng: CheckpointRng
     closure_clears: ClosureClears
     fed_steps: FedSteps
+    unstepped: UnsteppedOptimizers
 
     def at_step(self, optimizer: torch.optim.Optimizer, optimizer_name: str,
                 roots: Callable[[], list[torch.nn.Module]], ownership: "ParameterOwnership",
@@ -157,6 +159,7 @@ class ContractFacts:
         """After an optimizer's step: what the contracts of later calls remember of it."""
         self.restarts.stepped(optimizer)
         self.wasted_grads.step_ended(optimizer)
+        self.unstepped.stepped()
         self.epoch_schedules.optimizer_stepped(optimizer)
         self.graph_cuts.stepped()
         self.averaged_copies.optimizer_stepped()
@@ -176,4 +179,4 @@ class ContractFacts:
                    ForeignGrads(), FittedNorms(), ScheduleCadence(), ClipBounds(), ScheduleTargets(),
                    AveragedCopies(ownership), ResumedWeights(), ScheduleHorizons(), SharedMemory(),
                    ReplicaBatches(), CheckpointRng(), ClosureClears(),
-                   FedSteps())
+                   FedSteps(), UnsteppedOptimizers())

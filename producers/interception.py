@@ -39,6 +39,7 @@ from invariants.events import (
 from .checkpoint_hooks import install_checkpoint_hooks
 from .checkpoint_rng import patch_checkpoint_rng
 from .grad_clears import cleared_inside_optimizer_update
+from .wasted_grads import holds_unused_grads
 from .function_mode import ModeHandle, RecordingMode, mode_target, safe_resolve
 from .identity_hooks import install_identity_hooks
 from .script_hooks import patch_jit_script
@@ -214,7 +215,9 @@ def _begin(
     optimizer = None
     contract = None
     if spec.api in BACKWARD_APIS and not tracer.in_optimizer_step:  # a closure's backward is the step's own
-        tracer.contracts.accumulation.backward(args[0] if args else kwargs.get("tensors"))
+        roots = args[0] if args else kwargs.get("tensors")
+        tracer.contracts.accumulation.backward(roots)
+        tracer.contracts.unstepped.backward(roots, tracer.ownership.is_trained)
         if tracer.contracts.foreign_grads.waiting and tracer.ownership.several_optimizers():
             tracer.contracts.foreign_grads.backward_begins(tracer.ownership.live_optimizers())
     if spec.api in BACKWARD_APIS and tracer.stage == "eval" and _trains_nothing(tracer.ownership.optimized_parameters()):
@@ -235,7 +238,7 @@ def _begin(
         elif isinstance(args[0], torch.autocast):
             call_args.update(_autocast_args(args[0]))
         if spec.api in CLEARING_CONTRACTS:
-            contract = _clearing_contract(tracer, spec.api, extra or {})
+            contract = _clearing_contract(tracer, spec.api, extra or {}, optimizer)
         elif spec.api == TENSOR_BACKWARD:
             judged = {"compares_like_shapes": compares_like_shapes(args[0]),
                       "clears_between_evaluations": tracer.contracts.closure_clears.clears_between_evaluations()}
@@ -262,13 +265,19 @@ def _trains_nothing(optimized: list[torch.Tensor]) -> bool:
     return bool(optimized) and not any(param.requires_grad for param in optimized)
 
 
-def _clearing_contract(tracer: Tracer, api: str, extra: dict[str, Any]) -> dict[str, bool] | None:
-    """Whether a ``zero_grad`` clears gradients no optimizer used yet (`producers.wasted_grads`)."""
+def _clearing_contract(tracer: Tracer, api: str, extra: dict[str, Any],
+                       optimizer: torch.optim.Optimizer | None) -> dict[str, bool] | None:
+    """Whether a ``zero_grad`` clears gradients no optimizer used yet (`producers.wasted_grads`,
+    and `producers.unstepped_optimizers` for an optimizer none of whose parameters was trained)."""
     if tracer.in_optimizer_step:
         return None
     cleared = [extra.get("obj")] if api == OPTIMIZER_ZERO_GRAD else extra.get("clears") or ()
-    used = tracer.contracts.wasted_grads.clears_used_grads(tracer.ownership.stepped_optimizers(cleared),
-                                                           cleared_inside_optimizer_update)
+    stepped = tracer.ownership.stepped_optimizers(cleared)
+    used = tracer.contracts.wasted_grads.clears_used_grads(stepped, cleared_inside_optimizer_update)
+    if used is None and optimizer is not None and not stepped and not cleared_inside_optimizer_update():
+        never_trained = not any(tracer.ownership.is_trained(param) for group in optimizer.param_groups
+                                for param in group.get("params", ()))
+        used = tracer.contracts.unstepped.clears_used_grads(optimizer, never_trained, holds_unused_grads)
     return None if used is None else {CLEARING_CONTRACTS[api]: used}
 
 

@@ -19,7 +19,7 @@ backward is a step skipped on purpose (a guard, the tail of an epoch whose lengt
 accumulation does not divide), a clear in every micro-batch is not.  So accumulation
 over three or more micro-batches is reported in its first cycle, over two in its
 second.  Not judged (None): optimizers before their first step (a sanity backward during
-setup), clears inside a step (closures) or inside an optimizer's own update method
+setup; `producers.unstepped_optimizers` judges those that never step while others do), clears inside a step (closures) or inside an optimizer's own update method
 (sharpness-aware minimisation's ``first_step``), and a backward whose gradients the
 program then inspected (``clip_grad_norm_``: a step skipped on a gradient-norm spike) or
 that ran through a model input requiring gradients (adversarial training computes
@@ -76,7 +76,7 @@ def _leads_to_plain_leaf(tensor: torch.Tensor) -> bool:
     return False
 
 
-def _wasted(optimizer: torch.optim.Optimizer) -> bool:
+def holds_unused_grads(optimizer: torch.optim.Optimizer) -> bool:
     """Whether the optimizer holds finite gradients that are not all zero (one norm
     kernel per dtype and device, read back at once: only reached when a clear follows an
     unused backward)."""
@@ -166,7 +166,7 @@ class WastedGrads:
             self._unused_backward = self._excused = False
             return None
         try:
-            if self._excused or not any(_wasted(optimizer) for optimizer in optimizers):
+            if self._excused or not any(holds_unused_grads(optimizer) for optimizer in optimizers):
                 return None if self._excused else True
             if self.weights_moved():
                 return None  # the gradients moved the weights before the clear (SAM's climb)

@@ -83,6 +83,42 @@ def test_a_gan_whose_generator_backward_reaches_the_discriminator_keeps_the_cont
     assert True in _kept(tmp_path, MODULE_ZERO_GRAD)
 
 
+def _critic_phase(tmp_path, steps_critic: bool, critic_loss: bool = True) -> list:
+    """A generator pre-trained alone, then a phase that adds a critic with its own optimizer."""
+    generator, critic = nn.Linear(2, 4), nn.Linear(4, 1)
+    opt_g = torch.optim.Adam(generator.parameters())
+    with producers.instrument(run_id="r-phase", trace_dir=tmp_path, quiet=True):
+        for _ in range(3):
+            opt_g.zero_grad()
+            generator(torch.randn(8, 2)).pow(2).mean().backward()
+            opt_g.step()
+        opt_d = torch.optim.Adam(critic.parameters())
+        for _ in range(4):
+            opt_d.zero_grad()
+            fake = generator(torch.randn(8, 2))
+            if critic_loss:
+                (critic(fake.detach()) - critic(torch.randn(8, 4))).mean().backward()
+            if steps_critic:
+                opt_d.step()
+            opt_g.zero_grad()
+            (-critic(fake).mean()).backward()
+            opt_g.step()
+    return _kept(tmp_path, obj="opt1")
+
+
+def test_a_critic_that_gets_gradients_and_never_steps_breaks_the_contract_from_its_second_clear(tmp_path):
+    """DeblurGANv2's WGAN phase back-propagates the critics and never steps them: every
+    clear after the first discards a backward meant for them while the generator steps."""
+    assert _critic_phase(tmp_path / "bug", steps_critic=False) == [None, False, False, False]
+    assert _critic_phase(tmp_path / "fixed", steps_critic=True) == [None, True, True, True]
+
+
+def test_a_critic_not_trained_yet_that_only_the_generator_loss_reaches_is_not_judged(tmp_path):
+    """A discriminator that starts later, cleared with every optimizer each iteration:
+    its gradients come from the generator's loss alone."""
+    assert _critic_phase(tmp_path, steps_critic=False, critic_loss=False)[1:] == [None, None, None]
+
+
 def test_skipped_steps_adversarial_inputs_setup_and_closures_are_not_judged(tmp_path):
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
