@@ -313,7 +313,9 @@ DATALOADER_EPOCH = "torch.utils.data.DataLoader.__iter__"
 #: ``replays_checkpoint_rng`` — no activation-checkpointed block that drew random numbers
 #: since the previous step ran without preserving its RNG state for the recompute;
 #: ``clears_between_evaluations`` — a backward in the second or later evaluation of an
-#: optimizer step's closure (LBFGS) starts from gradients cleared since that evaluation began.
+#: optimizer step's closure (LBFGS) starts from gradients cleared since that evaluation began;
+#: ``steps_whole_cycles`` — once a training pass began with a fixed accumulation over k >= 2
+#: backwards per step, at most one of its steps (the tail) runs a shorter cycle.
 CONTRACTS: dict[str, str] = {
     "unscaled_grads": CLIP_GRAD_NORM,
     "replaces_weights": MODULE_LOAD_STATE_DICT,
@@ -329,6 +331,7 @@ CONTRACTS: dict[str, str] = {
     "keeps_frozen_weights": OPTIMIZER_STEP,
     "carries_no_epoch_tail": OPTIMIZER_STEP,
     "keeps_cycle_across_epoch": OPTIMIZER_STEP,
+    "steps_whole_cycles": OPTIMIZER_STEP,
     "steps_own_grads": OPTIMIZER_STEP,
     "steps_schedule_with_optimizer": OPTIMIZER_STEP,
     "rescales_groups_alike": OPTIMIZER_STEP,

@@ -54,6 +54,7 @@ from .checkpoint_rng import CheckpointRng
 from .clip_bounds import ClipBounds
 from .closure_clears import ClosureClears
 from .schedule_horizons import ScheduleHorizons
+from .short_cycles import ShortCycles
 from .shared_memory import SharedMemory
 from .schedule_cadence import ScheduleCadence
 from .schedule_targets import ScheduleTargets
@@ -109,6 +110,7 @@ class ContractFacts:
     closure_clears: ClosureClears
     fed_steps: FedSteps
     unstepped: UnsteppedOptimizers
+    short_cycles: ShortCycles
 
     def at_step(self, optimizer: torch.optim.Optimizer, optimizer_name: str,
                 roots: Callable[[], list[torch.nn.Module]], ownership: "ParameterOwnership",
@@ -127,6 +129,7 @@ class ContractFacts:
                 optimizer, lambda: ownership.digests_held_alone(optimizer), _outside_models(optimizer, in_model)),
             "averages_accumulated_losses": self.accumulation.averages_accumulated_losses(optimizer_name, cycle),
             "carries_no_epoch_tail": self.epoch_tails.carries_no_epoch_tail(optimizer_name, cycle),
+            "steps_whole_cycles": self.short_cycles.steps_whole_cycles(optimizer_name, cycle),
             "keeps_cycle_across_epoch": self.epoch_tails.keeps_cycle_across_epoch(
                 optimizer_name, cycle, self.accumulation.cut_by_new_pass(optimizer_name, cycle)),
             "steps_own_grads": self.foreign_grads.steps_own_grads(
@@ -179,4 +182,4 @@ class ContractFacts:
                    ForeignGrads(), FittedNorms(), ScheduleCadence(), ClipBounds(), ScheduleTargets(),
                    AveragedCopies(ownership), ResumedWeights(), ScheduleHorizons(), SharedMemory(),
                    ReplicaBatches(), CheckpointRng(), ClosureClears(),
-                   FedSteps(), UnsteppedOptimizers())
+                   FedSteps(), UnsteppedOptimizers(), ShortCycles())

@@ -54,6 +54,8 @@ DESCRIPTIONS: dict[str, str] = {
                               "(a cycle crossing a training pass is no longer than one within a pass)"),
     "keeps_cycle_across_epoch": ("{api} never takes a cycle that a clear at an epoch's start cut short (a cycle "
                                  "after such a clear is as long as one within a pass)"),
+    "steps_whole_cycles": ("{api} runs at most one accumulation cycle shorter than the fixed one an epoch began "
+                           "with (the epoch's tail)"),
     "steps_own_grads": ("{api} never applies gradients that another optimizer's backward left in its parameters "
                         "together with those of a backward of its own"),
     "evaluates_fitted_norm": ("a BatchNorm layer with learned affine parameters never runs {api} in evaluation "
@@ -171,6 +173,12 @@ HINTS: dict[str, str] = {
                                  "epoch had accumulated toward this step, and the step fires on a count kept over "
                                  "the whole run, so it applies fewer micro-batches than a whole cycle; clear only "
                                  "after optimizer steps, or count micro-batches per epoch"),
+    "steps_whole_cycles": ("this epoch accumulated a fixed number of backwards per step, and now steps on fewer "
+                           "for the second time: the step condition fires on every micro-batch here (accelerate "
+                           "syncing with the dataloader on its last batch, split into micro-batches inside "
+                           "accelerator.accumulate), so each update sees a fraction of the intended batch and a "
+                           "schedule counted in planned steps runs out early; step once per k micro-batches "
+                           "(GradientAccumulationPlugin(sync_with_dataloader=False) for batches split by hand)"),
     "steps_own_grads": ("a backward that another optimizer stepped on (a generator's loss through the "
                         "discriminator, an actor's loss through the critic) also wrote into this optimizer's "
                         "gradients, and nothing cleared them before this optimizer's own backward: the step "
