@@ -315,7 +315,9 @@ DATALOADER_EPOCH = "torch.utils.data.DataLoader.__iter__"
 #: ``clears_between_evaluations`` — a backward in the second or later evaluation of an
 #: optimizer step's closure (LBFGS) starts from gradients cleared since that evaluation began;
 #: ``steps_whole_cycles`` — once a training pass began with a fixed accumulation over k >= 2
-#: backwards per step, at most one of its steps (the tail) runs a shorter cycle.
+#: backwards per step, at most one of its steps (the tail) runs a shorter cycle;
+#: ``resumes_trained_parameters`` — an optimizer's first step after a resume steps only
+#: parameters the checkpoint held state for, or ones frozen at the resume and unfrozen since.
 CONTRACTS: dict[str, str] = {
     "unscaled_grads": CLIP_GRAD_NORM,
     "replaces_weights": MODULE_LOAD_STATE_DICT,
@@ -340,6 +342,7 @@ CONTRACTS: dict[str, str] = {
     "updates_move_average": OPTIMIZER_STEP,
     "averages_once_per_step": OPTIMIZER_STEP,
     "resumes_loaded_weights": OPTIMIZER_STEP,
+    "resumes_trained_parameters": OPTIMIZER_STEP,
     "anneals_within_horizon": OPTIMIZER_STEP,
     "steps_each_memory_once": OPTIMIZER_STEP,
     "replays_checkpoint_rng": OPTIMIZER_STEP,

@@ -47,6 +47,7 @@ from .learning_rates import LearningRates
 from .loss_averaging import AccumulatedLosses
 from .optimizer_restarts import OptimizerRestarts
 from .replayed_rngs import ReplayedRngs
+from .resumed_freezes import ResumedFreezes
 from .resumed_weights import ResumedWeights
 from .replica_batches import ReplicaBatches
 from .sampler_epochs import SamplerEpochs
@@ -111,6 +112,7 @@ class ContractFacts:
     fed_steps: FedSteps
     unstepped: UnsteppedOptimizers
     short_cycles: ShortCycles
+    resumed_freezes: ResumedFreezes
 
     def at_step(self, optimizer: torch.optim.Optimizer, optimizer_name: str,
                 roots: Callable[[], list[torch.nn.Module]], ownership: "ParameterOwnership",
@@ -146,6 +148,7 @@ class ContractFacts:
             "updates_move_average": moves_average,
             "averages_once_per_step": averages_once,
             "resumes_loaded_weights": self.resumed_weights.resumes_loaded_weights(optimizer),
+            "resumes_trained_parameters": self.resumed_freezes.resumes_trained_parameters(optimizer),
             "anneals_within_horizon": self.schedule_horizons.anneals_within_horizon(optimizer),
             "steps_each_memory_once": self.shared_memory.steps_each_memory_once(optimizer),
             "replays_checkpoint_rng": self.checkpoint_rng.replays_checkpoint_rng(),
@@ -182,4 +185,4 @@ class ContractFacts:
                    ForeignGrads(), FittedNorms(), ScheduleCadence(), ClipBounds(), ScheduleTargets(),
                    AveragedCopies(ownership), ResumedWeights(), ScheduleHorizons(), SharedMemory(),
                    ReplicaBatches(), CheckpointRng(), ClosureClears(),
-                   FedSteps(), UnsteppedOptimizers(), ShortCycles())
+                   FedSteps(), UnsteppedOptimizers(), ShortCycles(), ResumedFreezes())

@@ -110,6 +110,7 @@ def _optimizer_load_state_dict(tracer: "Tracer") -> Callable[[Callable[..., Any]
                     tracer.contracts.eval_weights.state_loaded(self)
                     tracer.contracts.schedule_resumes.optimizer_loaded(self)
                     tracer.contracts.resumed_weights.optimizer_loaded(self)
+                    tracer.contracts.resumed_freezes.optimizer_loaded(self)
                 except Exception as exc:
                     tracer.internal_error("optimizer state load", exc)
             return result

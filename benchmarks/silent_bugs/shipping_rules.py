@@ -74,7 +74,7 @@ MIN_POSITIVES_RARE_CALLS = 6
 PER_EPOCH_CONTRACTS = frozenset({"steps_once_per_epoch", "fresh_dataset_rng"})
 #: Contracts judged once per resume from a checkpoint (an optimizer's first step after
 #: ``Optimizer.load_state_dict``): the references resume twice a run at most.
-PER_RESUME_CONTRACTS = frozenset({"resumes_loaded_weights"})
+PER_RESUME_CONTRACTS = frozenset({"resumes_loaded_weights", "resumes_trained_parameters"})
 #: APIs recorded for their contract alone: when and after what a program restores a
 #: state dict or starts an epoch is its own choice, so no other rule may name them
 CONTRACT_ONLY_APIS = frozenset({MODULE_LOAD_STATE_DICT, DATALOADER_EPOCH})

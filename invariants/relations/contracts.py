@@ -72,6 +72,8 @@ DESCRIPTIONS: dict[str, str] = {
                              "(a deep copy of trained weights no optimizer holds) where it differs from the weights"),
     "averages_once_per_step": ("{api} follows a weight average (a deep copy of trained weights no optimizer holds) "
                                "written at most once between two backwards with no optimizer step in between"),
+    "resumes_trained_parameters": ("{api} of an optimizer resumed from a checkpoint steps only parameters the "
+                                   "checkpoint holds optimizer state for, or ones unfrozen since the resume"),
     "resumes_loaded_weights": ("{api} of an optimizer resumed from a checkpoint never steps parameters "
                                "re-initialised since the checkpoint's weights were loaded into them"),
     "anneals_within_horizon": ("{api} never uses a rate from a schedule stepped past its horizon (a "
@@ -234,6 +236,12 @@ HINTS: dict[str, str] = {
                                "per step over unchanged weights and its decay runs that many times too fast; update it "
                                "only after the optimizer stepped (inside accelerate's accumulate(): when "
                                "accelerator.sync_gradients)"),
+    "resumes_trained_parameters": ("the first step after the resume updates parameters that were never trained "
+                                   "before the checkpoint (no optimizer state) and that were already trainable when "
+                                   "the state was loaded: a freeze the first run applied after building the model "
+                                   "(freeze_feature_encoder(), requires_grad_(False)) was lost, since requires_grad "
+                                   "is not part of a state_dict; apply the freeze again after rebuilding the model "
+                                   "on resume"),
     "resumes_loaded_weights": ("the weights loaded from the checkpoint were re-initialised before training resumed "
                                "(an init or reset_parameters() run after load_state_dict), while the optimizer's "
                                "state, step count and schedule were restored: training goes on from fresh weights "
