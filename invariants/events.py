@@ -307,7 +307,8 @@ DATALOADER_EPOCH = "torch.utils.data.DataLoader.__iter__"
 #: EMA) move it where it differs from them; ``averages_once_per_step`` — such a copy is
 #: not averaged between two backwards without an optimizer step (per micro-batch);
 #: ``resumes_loaded_weights`` — an optimizer's first step after a resume steps no parameter
-#: re-initialised since a load gave it its values; ``anneals_within_horizon`` — every
+#: re-initialised (by an initialiser or its model's first training forward) since a load
+#: gave it its values; ``anneals_within_horizon`` — every
 #: ``CosineAnnealingLR`` the program stepped over the optimizer is within its ``T_max``;
 #: ``steps_each_memory_once`` — no two parameters an optimizer holds are one memory;
 #: ``replays_checkpoint_rng`` — no activation-checkpointed block that drew random numbers

@@ -243,10 +243,12 @@ HINTS: dict[str, str] = {
                                    "is not part of a state_dict; apply the freeze again after rebuilding the model "
                                    "on resume"),
     "resumes_loaded_weights": ("the weights loaded from the checkpoint were re-initialised before training resumed "
-                               "(an init or reset_parameters() run after load_state_dict), while the optimizer's "
-                               "state, step count and schedule were restored: training goes on from fresh weights "
-                               "with moments built for others; initialise before loading, or skip initialisation "
-                               "when restarting from a checkpoint"),
+                               "(an init or reset_parameters() run after load_state_dict, or a data-dependent "
+                               "initialisation in the first training forward whose 'initialised' flag is an "
+                               "attribute the state dict does not hold), while the optimizer's state, step count "
+                               "and schedule were restored: training goes on from fresh weights with moments built "
+                               "for others; initialise before loading, skip initialisation when restarting from a "
+                               "checkpoint, or register the flag as a buffer"),
     "schedules_stepping_optimizer": ("a learning-rate schedule was stepped over an optimizer that training no longer "
                                      "steps: its rates decay on paper (get_last_lr) while the optimizer that steps "
                                      "keeps its own; a scheduler restored from a checkpoint may hold a pickled copy "

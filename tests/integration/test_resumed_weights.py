@@ -1,6 +1,8 @@
 """``resumes_loaded_weights``: an optimizer's first step after a resume steps no parameter
 re-initialised since the checkpoint's weights were loaded into it (picotron#32: the
-model's initialisation run after ``load_state_dict(..., assign=True)``)."""
+model's initialisation run after ``load_state_dict(..., assign=True)``), nor one the first
+training forward rewrote (a data-dependent initialisation whose flag a reload lost,
+nflows#4); weights restored outside the forward between the load and the step are fine."""
 
 from __future__ import annotations
 
@@ -52,3 +54,55 @@ def test_weights_re_initialised_after_the_resume_loaded_them_are_reported_at_its
 def test_a_resume_that_keeps_the_loaded_weights_keeps_the_contract(tmp_path):
     _resume(tmp_path, reinit_after_load=False)
     assert _verdicts(tmp_path) == [None, None, True, None]
+
+
+class _ActNorm(nn.Module):
+    """Glow's data-dependent initialisation: scale and shift set from the first training batch."""
+
+    def __init__(self, features: int, flag_in_state_dict: bool) -> None:
+        super().__init__()
+        self.log_scale = nn.Parameter(torch.zeros(features))
+        self.shift = nn.Parameter(torch.zeros(features))
+        if flag_in_state_dict:
+            self.register_buffer("initialised", torch.tensor(False))
+        else:
+            self.initialised = False  # nflows#4: lost by a reload
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and not bool(self.initialised):
+            with torch.no_grad():
+                self.log_scale.data.copy_(-torch.log(x.std(0) + 1e-6))
+                self.shift.data.copy_(-x.mean(0) * torch.exp(self.log_scale))
+            if isinstance(self.initialised, torch.Tensor):
+                self.initialised.fill_(True)
+            else:
+                self.initialised = True
+        return x * torch.exp(self.log_scale) + self.shift
+
+
+def _resume_flow(tmp_path, *, flag_in_state_dict: bool, restore_between: bool = False) -> None:
+    def build() -> nn.Module:
+        return nn.Sequential(_ActNorm(4, flag_in_state_dict), nn.Linear(4, 4))
+
+    torch.manual_seed(0)
+    with producers.instrument(run_id="r-resume-actnorm", trace_dir=tmp_path, quiet=True):
+        model = build()
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+        _steps(model, optimizer, 3)
+        checkpoint = {"model": {k: v.clone() for k, v in model.state_dict().items()},
+                      "optimizer": optimizer.state_dict()}
+        model = build()  # the restarted job
+        model.load_state_dict(checkpoint["model"])
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        if restore_between:  # an EMA callback putting other stored weights back before training goes on
+            with torch.no_grad():
+                model[1].weight.mul_(0.5)
+        _steps(model, optimizer, 2)
+
+
+def test_a_data_dependent_init_rerun_by_the_first_forward_after_the_resume_is_reported(tmp_path):
+    _resume_flow(tmp_path / "bug", flag_in_state_dict=False)
+    assert _verdicts(tmp_path / "bug") == [None, None, None, False, None]
+    _resume_flow(tmp_path / "fixed", flag_in_state_dict=True, restore_between=True)
+    assert _verdicts(tmp_path / "fixed") == [None, None, None, True, None]
