@@ -38,8 +38,7 @@ from invariants.events import (
 
 from .checkpoint_hooks import install_checkpoint_hooks
 from .checkpoint_rng import patch_checkpoint_rng
-from .grad_clears import cleared_inside_optimizer_update
-from .wasted_grads import holds_unused_grads
+from .clear_verdicts import CLEARING_CONTRACTS, clearing_contract
 from .function_mode import ModeHandle, RecordingMode, mode_target, safe_resolve
 from .identity_hooks import install_identity_hooks
 from .script_hooks import patch_jit_script
@@ -134,7 +133,6 @@ MODE_FLAGS = frozenset({"training"})
 
 
 #: the contract a gradient clear carries (`producers.wasted_grads`), by the API that clears
-CLEARING_CONTRACTS = {OPTIMIZER_ZERO_GRAD: "clears_used_grads", MODULE_ZERO_GRAD: "module_clears_used_grads"}
 
 #: APIs whose calls shape windows and stages: wrapped even when not recorded
 BOUNDARY_APIS = frozenset(
@@ -238,7 +236,7 @@ def _begin(
         elif isinstance(args[0], torch.autocast):
             call_args.update(_autocast_args(args[0]))
         if spec.api in CLEARING_CONTRACTS:
-            contract = _clearing_contract(tracer, spec.api, extra or {}, optimizer)
+            contract = clearing_contract(tracer, spec.api, extra or {}, optimizer)
         elif spec.api == TENSOR_BACKWARD:
             judged = {"compares_like_shapes": compares_like_shapes(args[0]),
                       "clears_between_evaluations": tracer.contracts.closure_clears.clears_between_evaluations()}
@@ -263,22 +261,6 @@ def _begin(
 def _trains_nothing(optimized: list[torch.Tensor]) -> bool:
     """Optimizers exist and none of their parameters takes a gradient now."""
     return bool(optimized) and not any(param.requires_grad for param in optimized)
-
-
-def _clearing_contract(tracer: Tracer, api: str, extra: dict[str, Any],
-                       optimizer: torch.optim.Optimizer | None) -> dict[str, bool] | None:
-    """Whether a ``zero_grad`` clears gradients no optimizer used yet (`producers.wasted_grads`,
-    and `producers.unstepped_optimizers` for an optimizer none of whose parameters was trained)."""
-    if tracer.in_optimizer_step:
-        return None
-    cleared = [extra.get("obj")] if api == OPTIMIZER_ZERO_GRAD else extra.get("clears") or ()
-    stepped = tracer.ownership.stepped_optimizers(cleared)
-    used = tracer.contracts.wasted_grads.clears_used_grads(stepped, cleared_inside_optimizer_update)
-    if used is None and optimizer is not None and not stepped and not cleared_inside_optimizer_update():
-        never_trained = not any(tracer.ownership.is_trained(param) for group in optimizer.param_groups
-                                for param in group.get("params", ()))
-        used = tracer.contracts.unstepped.clears_used_grads(optimizer, never_trained, holds_unused_grads)
-    return None if used is None else {CLEARING_CONTRACTS[api]: used}
 
 
 def _autocast_args(context: Any) -> dict[str, Any]:
