@@ -1,20 +1,20 @@
 """Programs written apart from the reference corpus, run zero-config as a user would.
 
-    python benchmarks/outside/run.py [--suite bugs_a|...|bugs_m|healthy_a|...|healthy_m ...]
+    python benchmarks/outside/run.py [--suite bugs_a|...|bugs_n|healthy_a|...|healthy_n ...]
                                      [--only NAME ...] [--work DIR] [--jobs N] [--write-results]
 
-Twenty-four suites of small training programs, each modelled on a named public program or bug
+Twenty-eight suites of small training programs, each modelled on a named public program or bug
 report (their docstrings say which), written without looking at the references or the
 silent-bug benchmark:
 
-* ``bugs_a`` to ``bugs_m``: a bug that starts partway (the program prints
+* ``bugs_a`` to ``bugs_n``: a bug that starts partway (the program prints
   ``ONSET step K`` at its first buggy optimizer step, 0-based) and a healthy twin
   (``--healthy``);
-* ``healthy_a`` to ``healthy_m``: healthy programs in styles and
+* ``healthy_a`` to ``healthy_n``: healthy programs in styles and
   frameworks the references do not use.
 
 Each batch was written after what the previous one showed had been fixed, so the
-latest batch (``_l``) is the out-of-sample figure; the earlier ones are in sample.
+latest batch (``_n``) is the out-of-sample figure; the earlier ones are in sample.
 Each program runs under ``trainwatch collect`` (two gloo ranks where it sets up
 ``torch.distributed``) and is judged by ``trainwatch check`` with the shipped default
 set.  A bug counts as caught when a violation falls in its onset window (K + 1: window
@@ -39,9 +39,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 SUITES = ("bugs_a", "bugs_b", "bugs_c", "bugs_d", "bugs_e", "bugs_f", "bugs_g", "bugs_h", "bugs_i", "bugs_j", "bugs_k",
-          "bugs_l", "bugs_m",
+          "bugs_l", "bugs_m", "bugs_n",
           "healthy_a", "healthy_b", "healthy_c", "healthy_d", "healthy_e", "healthy_f", "healthy_g", "healthy_h",
-          "healthy_i", "healthy_j", "healthy_k", "healthy_l", "healthy_m")
+          "healthy_i", "healthy_j", "healthy_k", "healthy_l", "healthy_m", "healthy_n")
 TRAINWATCH = (sys.executable, "-m", "trainwatch.cli")
 ONSET = re.compile(r"ONSET.*?(?:step|iteration) (\d+)")
 TIMEOUT_S = 600
