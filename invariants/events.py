@@ -316,7 +316,8 @@ DATALOADER_EPOCH = "torch.utils.data.DataLoader.__iter__"
 #: ``clears_between_evaluations`` — a backward in the second or later evaluation of an
 #: optimizer step's closure (LBFGS) starts from gradients cleared since that evaluation began;
 #: ``steps_whole_cycles`` — once a training pass began with a fixed accumulation over k >= 2
-#: backwards per step, at most one of its steps (the tail) runs a shorter cycle;
+#: backwards per step (two cycles of one length), at most one of its steps (the tail) runs a
+#: shorter cycle;
 #: ``resumes_trained_parameters`` — an optimizer's first step after a resume steps only
 #: parameters the checkpoint held state for, or ones frozen at the resume and unfrozen since.
 CONTRACTS: dict[str, str] = {

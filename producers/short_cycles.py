@@ -10,8 +10,8 @@ planned steps runs out early.  Any "step at the end of the batch" condition that
 on every micro-batch does the same.
 
 So each optimizer step whose cycle lies within one training pass carries
-``steps_whole_cycles`` once that pass has shown a fixed accumulation: at least
-`ESTABLISHED` cycles of one length k of two or more, and no other before them.  It
+``steps_whole_cycles`` once that pass has shown a fixed accumulation: `ESTABLISHED`
+cycles of one length k of two or more, and no other before them.  It
 breaks on the second cycle shorter than k in that pass: one short cycle is the pass's
 tail.  Passes whose cycles vary (accumulation to a token budget), cycles that span two
 passes, and steps without accumulation (k = 1) are not judged.
@@ -25,7 +25,7 @@ from typing import Sequence
 from .loss_averaging import LossFacts
 
 #: cycles of one length a pass must begin with before its accumulation counts as fixed
-ESTABLISHED = 3
+ESTABLISHED = 2
 
 
 @dataclass
