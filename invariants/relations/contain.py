@@ -110,8 +110,8 @@ class EventContain(Template):
                         continue
                     for attr, effect in per_call_wanted:
                         site = _changes_some_site(view, rank, api, attr, effect, call_key, before, after,
-                                                  lambda call_key=call_key, api=api, rank=rank:
-                                                  _before_any_backward(view, rank, api, call_key))
+                                                  lambda fact, call_key=call_key, api=api, rank=rank:
+                                                  _call_fact(view, rank, api, call_key, fact))
                         if site is not None and not (site.observed and checking):
                             yield site
                     if wanted:
@@ -285,22 +285,29 @@ class EventContain(Template):
         return dict(site.get_evidence(), expected=expected)
 
 
-def _before_any_backward(view: WindowView, rank: int, api: str, call_key: str) -> bool:
-    """Whether the call says no backward pass had run in its process yet (``backprop``)."""
-    return any(call.get("key") == call_key and call.get("backprop") is False
-               for call in view.calls_by_api(rank).get(api, ()))
+def _call_fact(view: WindowView, rank: int, api: str, call_key: str, fact: str) -> Any:
+    """A fact the call carries: ``backprop`` (a backward ran in its process before it),
+    ``trained`` (its optimizer stepped before)."""
+    for call in view.calls_by_api(rank).get(api, ()):
+        if call.get("key") == call_key:
+            return call.get(fact)
+    return None
 
 
 def _changes_some_site(view: WindowView, rank: int, api: str, attr: str, effect: str, call_key: str,
                        before: Mapping[str, Any], after: Mapping[str, Any],
-                       before_any_backward: Callable[[], bool]) -> Site | None:
+                       call_fact: Callable[[str], Any]) -> Site | None:
     """One per-call site: did the call change ``attr`` of at least one variable?
 
     A step with no gradient to apply before any backward ran in the process updates
     nothing by design: a framework still calls ``step`` for a batch the training step
     skipped (Lightning when ``training_step`` returns None, as a first batch that only
     initialises data-dependent layers does).  A step without gradients *after*
-    backwards ran is judged: an optimizer left holding a discarded model's tensors."""
+    backwards ran is judged: an optimizer left holding a discarded model's tensors.
+    Nor is an optimizer's first step that changed nothing judged: a warm-up from 0
+    written inside the optimizer's own update (BertAdam scales its rate by the schedule
+    in ``step``, so the groups' ``lr`` is not 0) starts with an update of nothing; an
+    optimizer that never updates anything is reported at its second step."""
     compared = with_grad = significant = 0
     changed = False
     first = None
@@ -321,7 +328,9 @@ def _changes_some_site(view: WindowView, rank: int, api: str, attr: str, effect:
         return None
     if not changed and with_grad and not significant:
         return None  # every gradient is below what can move float32 weights: proves nothing
-    if not changed and not with_grad and before_any_backward():
+    if not changed and not with_grad and call_fact("backprop") is False:
+        return None
+    if not changed and call_fact("trained") is False:
         return None
     return Site(
         family=("state", api, attr, effect),

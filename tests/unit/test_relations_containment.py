@@ -71,6 +71,24 @@ def test_a_step_without_gradients_before_any_backward_is_not_judged():
     assert [v.step for v in check([inv], [before_any_backward(b) if b["step"] == 2 else b for b in batches])][:1] == [3]
 
 
+def test_an_optimizers_first_step_that_changes_nothing_is_not_judged():
+    """A warm-up from 0 computed inside the optimizer's own update (BertAdam) leaves the
+    groups' ``lr`` positive and updates nothing at the optimizer's first step; an
+    optimizer that never updates anything is reported at its second."""
+    inv = find("EventContain", form="state", api="torch.optim.Optimizer.step", effect="changes_some")
+    batches = list(SyntheticRun(run="warm", world=1, steps=5, faults=[Fault("step_noop", 2, 0)]).batches())
+    first = [v.step for v in check([inv], batches)][0]
+
+    def first_step_of_a_new_optimizer(batch):
+        for event in batch["events"]:
+            if event["kind"] == "call" and event.get("api") == "torch.optim.Optimizer.step":
+                event["trained"] = False
+        return batch
+
+    marked = [first_step_of_a_new_optimizer(b) if b["step"] == first else b for b in batches]
+    assert [v.step for v in check([inv], marked)][:1] == [first + 1]
+
+
 def test_optimizer_step_with_only_vanishing_gradients_is_not_judged():
     inv = find("EventContain", form="state", api="torch.optim.Optimizer.step", effect="changes_some")
     batches = list(SyntheticRun(run="tiny", world=1, steps=4, faults=[Fault("step_noop", 2, 0)]).batches())
