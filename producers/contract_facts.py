@@ -119,6 +119,7 @@ class ContractFacts:
                 in_model: Callable[[torch.Tensor], bool]) -> dict[str, bool | None]:
         """The contracts judged at an optimizer step, before its ``pre`` event."""
         cycle = self.accumulation.take_cycle(optimizer_name)
+        own_cycle = self.accumulation.own_part(optimizer_name, cycle)
         cadence, alike = self.schedule_cadence.judge_step(optimizer, self.loss_scale.updates)
         moves_average, averages_once = self.averaged_copies.judge_step()
         return {
@@ -129,9 +130,9 @@ class ContractFacts:
             "optimizes_unfrozen": self.unfrozen.optimizes_unfrozen(roots(), ownership.live_optimizers),
             "keeps_weights_after_eval": self.eval_weights.keeps_weights_after_eval(
                 optimizer, lambda: ownership.digests_held_alone(optimizer), _outside_models(optimizer, in_model)),
-            "averages_accumulated_losses": self.accumulation.averages_accumulated_losses(optimizer_name, cycle),
+            "averages_accumulated_losses": self.accumulation.averages_accumulated_losses(optimizer_name, own_cycle),
             "carries_no_epoch_tail": self.epoch_tails.carries_no_epoch_tail(optimizer_name, cycle),
-            "steps_whole_cycles": self.short_cycles.steps_whole_cycles(optimizer_name, cycle),
+            "steps_whole_cycles": self.short_cycles.steps_whole_cycles(optimizer_name, own_cycle),
             "keeps_cycle_across_epoch": self.epoch_tails.keeps_cycle_across_epoch(
                 optimizer_name, cycle, self.accumulation.cut_by_new_pass(optimizer_name, cycle)),
             "steps_own_grads": self.foreign_grads.steps_own_grads(

@@ -81,6 +81,7 @@ class AccumulatedLosses:
         self._training_passes = 0
         self._losses: deque[LossFacts] = deque(maxlen=HISTORY)
         self._cycle_start: dict[str, int] = {}  # optimizer name -> last serial before its cycle
+        self._stepped_at: dict[str, int] = {}  # optimizer name -> latest serial at its latest step
         self._single_losses: dict[str, set[str]] = {}  # last operations of one-loss cycles
         self._suspected: set[str] = set()  # optimizers whose previous cycle looked summed
         self._discarded_pass: dict[str, int] = {}  # optimizer -> pass of the latest backward a clear discarded
@@ -138,8 +139,17 @@ class AccumulatedLosses:
         since its previous step or clear; its next cycle starts now."""
         start = self._cycle_start.get(optimizer_name, 0)
         self._cycle_start[optimizer_name] = self._serial
+        self._stepped_at[optimizer_name] = self._serial
         # serials grow along the deque: read back from its end, not the whole history at every step
         return list(itertools.takewhile(lambda loss: loss.serial > start, reversed(self._losses)))[::-1]
+
+    def own_part(self, optimizer_name: str, cycle: list[LossFacts]) -> list[LossFacts]:
+        """The backwards of ``cycle`` (taken just now) after the latest step of any other
+        optimizer: those before it fed that step (three optimizers over one model, each
+        stepping after its own loss, leave each other's backwards in a cycle that no clear
+        cut), so they are no micro-batches of this one's accumulation."""
+        others = max((serial for name, serial in self._stepped_at.items() if name != optimizer_name), default=0)
+        return [loss for loss in cycle if loss.serial > others]
 
     def averages_accumulated_losses(self, optimizer_name: str, cycle: list[LossFacts]) -> bool | None:
         """Judged at the step of the optimizer named ``optimizer_name`` over its cycle."""

@@ -122,6 +122,29 @@ def test_two_losses_of_one_batch_are_a_sum_by_design(tmp_path):
     assert None not in _verdicts(tmp_path) and False not in _verdicts(tmp_path)
 
 
+def test_backwards_that_fed_other_optimizers_steps_are_not_this_ones_micro_batches(tmp_path):
+    """Three optimizers over parts of one model, each stepping after its own loss, clear
+    only after their steps: a decoder's gradients hold the encoder's and the
+    discriminator's backwards too (wiseodd/controlled-text-generation), which fed those
+    optimizers' steps and are no summed accumulation of the decoder's."""
+    encoder, decoder, critic = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 1)
+    loader = iter(_loader())
+    optimizers = {name: torch.optim.SGD(module.parameters(), lr=0.01)
+                  for name, module in (("enc", encoder), ("dec", decoder), ("crit", critic))}
+    with producers.instrument(run_id="r-avg-three", trace_dir=tmp_path, quiet=True):
+        for _ in range(4):
+            x, _ = next(loader)
+            F.softplus(critic(decoder(encoder(x)).detach())).mean().backward()  # the critic's loss
+            optimizers["crit"].step(); optimizers["crit"].zero_grad()
+            x, _ = next(loader)
+            decoder(encoder(x).detach()).pow(2).mean().backward()  # the decoder's loss
+            optimizers["dec"].step(); optimizers["dec"].zero_grad()
+            x, _ = next(loader)
+            decoder(encoder(x)).pow(2).mean().backward()  # the encoder's loss, reaching the decoder too
+            optimizers["enc"].step(); optimizers["enc"].zero_grad()
+    assert False not in _verdicts(tmp_path)
+
+
 def test_a_step_skipped_without_a_clear_is_not_judged(tmp_path):
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
