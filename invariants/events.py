@@ -319,7 +319,9 @@ DATALOADER_EPOCH = "torch.utils.data.DataLoader.__iter__"
 #: backwards per step (two cycles of one length), at most one of its steps (the tail) runs a
 #: shorter cycle;
 #: ``resumes_trained_parameters`` — an optimizer's first step after a resume steps only
-#: parameters the checkpoint held state for, or ones frozen at the resume and unfrozen since.
+#: parameters the checkpoint held state for, or ones frozen at the resume and unfrozen since;
+#: ``freezes_through_parameters`` — no parameter a step updates belongs to a module whose own
+#: ``requires_grad`` attribute (a no-op on a module) its parameters do not follow.
 CONTRACTS: dict[str, str] = {
     "unscaled_grads": CLIP_GRAD_NORM,
     "replaces_weights": MODULE_LOAD_STATE_DICT,
@@ -333,6 +335,7 @@ CONTRACTS: dict[str, str] = {
     "keeps_stored_samples": OPTIMIZER_STEP,
     "fresh_autocast_weights": OPTIMIZER_STEP,
     "keeps_frozen_weights": OPTIMIZER_STEP,
+    "freezes_through_parameters": OPTIMIZER_STEP,
     "carries_no_epoch_tail": OPTIMIZER_STEP,
     "keeps_cycle_across_epoch": OPTIMIZER_STEP,
     "steps_whole_cycles": OPTIMIZER_STEP,

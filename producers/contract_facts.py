@@ -45,6 +45,7 @@ from .frozen_updates import FrozenUpdates
 from .graph_cuts import GraphCuts
 from .learning_rates import LearningRates
 from .loss_averaging import AccumulatedLosses
+from .module_flags import ModuleFlags
 from .optimizer_restarts import OptimizerRestarts
 from .replayed_rngs import ReplayedRngs
 from .resumed_freezes import ResumedFreezes
@@ -113,6 +114,7 @@ class ContractFacts:
     unstepped: UnsteppedOptimizers
     short_cycles: ShortCycles
     resumed_freezes: ResumedFreezes
+    module_flags: ModuleFlags
 
     def at_step(self, optimizer: torch.optim.Optimizer, optimizer_name: str,
                 roots: Callable[[], list[torch.nn.Module]], ownership: "ParameterOwnership",
@@ -142,6 +144,7 @@ class ContractFacts:
             "keeps_stored_samples": self.stored_samples.keeps_stored_samples(optimizer),
             "fresh_autocast_weights": self.autocast_cache.fresh_autocast_weights(optimizer),
             "keeps_frozen_weights": self.frozen_updates.keeps_frozen_weights(optimizer),
+            "freezes_through_parameters": self.module_flags.freezes_through_parameters(optimizer),
             "steps_schedule_with_optimizer": cadence,
             "rescales_groups_alike": alike,
             "steps_clipped_grads": self.clip_bounds.steps_clipped_grads(optimizer),
@@ -186,4 +189,4 @@ class ContractFacts:
                    ForeignGrads(), FittedNorms(), ScheduleCadence(), ClipBounds(), ScheduleTargets(),
                    AveragedCopies(ownership), ResumedWeights(), ScheduleHorizons(), SharedMemory(),
                    ReplicaBatches(), CheckpointRng(), ClosureClears(),
-                   FedSteps(), UnsteppedOptimizers(), ShortCycles(), ResumedFreezes())
+                   FedSteps(), UnsteppedOptimizers(), ShortCycles(), ResumedFreezes(), ModuleFlags())

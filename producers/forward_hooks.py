@@ -69,6 +69,8 @@ class ForwardHooks:
                     self.root_forward_signal()  # a model under torch.func.functional_call
             if torch.is_grad_enabled() or tls.checkpointed or tls.cut_checkpointed:
                 self.contracts.graph_cuts.ran(module)
+            if "requires_grad" in module.__dict__:
+                self.contracts.module_flags.forward(module)
             if not self._record_forward:
                 tls.forward_cids.append(None)
                 return

@@ -50,6 +50,8 @@ DESCRIPTIONS: dict[str, str] = {
                                "cached before an optimizer updated the weights in the same autocast region"),
     "keeps_frozen_weights": ("{api} never moves a parameter it trained that has been frozen since "
                              "(requires_grad=False)"),
+    "freezes_through_parameters": ("{api} never updates parameters of a module whose requires_grad attribute "
+                                   "was set to a value its parameters do not have (an attribute, not a freeze)"),
     "carries_no_epoch_tail": ("{api} never applies gradients an earlier epoch's trailing micro-batches left "
                               "(a cycle crossing a training pass is no longer than one within a pass)"),
     "keeps_cycle_across_epoch": ("{api} never takes a cycle that a clear at an epoch's start cut short (a cycle "
@@ -166,6 +168,10 @@ HINTS: dict[str, str] = {
                              "step), so the step moves it: weight decay shrinks it and the momentum left from "
                              "training keeps pushing it; clear with set_to_none=True (the default), set the frozen "
                              "parameters' grad to None, or build the optimizer over the trainable part"),
+    "freezes_through_parameters": ("a module's requires_grad was assigned (module.requires_grad = False): on an "
+                                   "nn.Module that only sets a Python attribute, so its parameters still take "
+                                   "gradients and this step updates them while the code reads as a freeze; call "
+                                   "module.requires_grad_(False), or set requires_grad on each parameter"),
     "carries_no_epoch_tail": ("this step applies more micro-batches than any step within one epoch did: the "
                               "backwards of the previous epoch's last micro-batches were never stepped nor cleared "
                               "(the accumulation trigger counts batches per epoch and the epoch's length is not a "
