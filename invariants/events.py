@@ -321,7 +321,9 @@ DATALOADER_EPOCH = "torch.utils.data.DataLoader.__iter__"
 #: ``resumes_trained_parameters`` — an optimizer's first step after a resume steps only
 #: parameters the checkpoint held state for, or ones frozen at the resume and unfrozen since;
 #: ``freezes_through_parameters`` — no parameter a step updates belongs to a module whose own
-#: ``requires_grad`` attribute (a no-op on a module) its parameters do not follow.
+#: ``requires_grad`` attribute (a no-op on a module) its parameters do not follow;
+#: ``clips_whole_cycles`` — no clip since the previous step rescaled gradients of the
+#: optimizer's parameters that a later backward then added to (clipping each micro-batch).
 CONTRACTS: dict[str, str] = {
     "unscaled_grads": CLIP_GRAD_NORM,
     "replaces_weights": MODULE_LOAD_STATE_DICT,
@@ -343,6 +345,7 @@ CONTRACTS: dict[str, str] = {
     "steps_schedule_with_optimizer": OPTIMIZER_STEP,
     "rescales_groups_alike": OPTIMIZER_STEP,
     "steps_clipped_grads": OPTIMIZER_STEP,
+    "clips_whole_cycles": OPTIMIZER_STEP,
     "schedules_stepping_optimizer": OPTIMIZER_STEP,
     "updates_move_average": OPTIMIZER_STEP,
     "averages_once_per_step": OPTIMIZER_STEP,

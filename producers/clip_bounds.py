@@ -40,10 +40,13 @@ class ClipBounds:
 
     def __init__(self) -> None:
         self._clips: list[tuple[list[torch.Tensor], float, float]] = []
+        #: the tensors and bound of the clip being called, once it could be read
+        self.calling: tuple[list[torch.Tensor], float] | None = None
 
     def clip_called(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Note a ``clip_grad_norm_`` call; returns the arguments to call it with (a one-shot
         iterator of parameters, read here, is passed on as an equivalent one)."""
+        self.calling = None
         in_kwargs = "parameters" in kwargs
         parameters = kwargs["parameters"] if in_kwargs else (args[0] if args else None)
         if parameters is None:
@@ -62,7 +65,9 @@ class ClipBounds:
         bound = kwargs.get("max_norm", args[1] if len(args) > 1 else None)
         norm_type = kwargs.get("norm_type", args[2] if len(args) > 2 else 2.0)
         if isinstance(bound, (int, float)) and isinstance(norm_type, (int, float)) and 0 < bound < math.inf:
-            self._clips.append(([t for t in tensors if isinstance(t, torch.Tensor)], float(bound), float(norm_type)))
+            clipped = [t for t in tensors if isinstance(t, torch.Tensor)]
+            self._clips.append((clipped, float(bound), float(norm_type)))
+            self.calling = (clipped, float(bound))
         return args, kwargs
 
     def backward_ran(self) -> None:

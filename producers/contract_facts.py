@@ -28,7 +28,7 @@ They live together here so that the tracer holds one object for all of them.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -46,6 +46,7 @@ from .graph_cuts import GraphCuts
 from .learning_rates import LearningRates
 from .loss_averaging import AccumulatedLosses
 from .module_flags import ModuleFlags
+from .partial_clips import PartialClips
 from .optimizer_restarts import OptimizerRestarts
 from .replayed_rngs import ReplayedRngs
 from .resumed_freezes import ResumedFreezes
@@ -115,6 +116,7 @@ class ContractFacts:
     short_cycles: ShortCycles
     resumed_freezes: ResumedFreezes
     module_flags: ModuleFlags
+    partial_clips: PartialClips
 
     def at_step(self, optimizer: torch.optim.Optimizer, optimizer_name: str,
                 roots: Callable[[], list[torch.nn.Module]], ownership: "ParameterOwnership",
@@ -148,6 +150,7 @@ class ContractFacts:
             "steps_schedule_with_optimizer": cadence,
             "rescales_groups_alike": alike,
             "steps_clipped_grads": self.clip_bounds.steps_clipped_grads(optimizer),
+            "clips_whole_cycles": self.partial_clips.clips_whole_cycles(optimizer),
             "schedules_stepping_optimizer": self.schedule_targets.schedules_stepping_optimizer(optimizer, in_model),
             "updates_move_average": moves_average,
             "averages_once_per_step": averages_once,
@@ -179,6 +182,12 @@ class ContractFacts:
         self.accumulation.cleared(optimizer_names)
         self.foreign_grads.cleared(optimizer_names)
         self.closure_clears.cleared(optimizer_names)
+        self.partial_clips.cleared()
+
+    def clip_returned(self, total_norm: Any) -> None:
+        """A ``clip_grad_norm_`` returned the norm it measured before clipping."""
+        if self.clip_bounds.calling is not None:
+            self.partial_clips.clip_returned(*self.clip_bounds.calling, total_norm)
 
     @classmethod
     def create(cls, ownership: "ParameterOwnership") -> "ContractFacts":
@@ -189,4 +198,4 @@ class ContractFacts:
                    ForeignGrads(), FittedNorms(), ScheduleCadence(), ClipBounds(), ScheduleTargets(),
                    AveragedCopies(ownership), ResumedWeights(), ScheduleHorizons(), SharedMemory(),
                    ReplicaBatches(), CheckpointRng(), ClosureClears(),
-                   FedSteps(), UnsteppedOptimizers(), ShortCycles(), ResumedFreezes(), ModuleFlags())
+                   FedSteps(), UnsteppedOptimizers(), ShortCycles(), ResumedFreezes(), ModuleFlags(), PartialClips())

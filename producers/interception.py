@@ -184,6 +184,8 @@ def _make_call_wrapper(
                     raise
                 tracer.end_call(token, result)
                 try:
+                    if left_out_without_backward:
+                        tracer.contracts.clip_returned(result)
                     if switches_mode and args:
                         tracer.mode_switched(args[0])
                     if on_post is not None:

@@ -52,6 +52,8 @@ DESCRIPTIONS: dict[str, str] = {
                              "(requires_grad=False)"),
     "freezes_through_parameters": ("{api} never updates parameters of a module whose requires_grad attribute "
                                    "was set to a value its parameters do not have (an attribute, not a freeze)"),
+    "clips_whole_cycles": ("{api} never applies gradients that a clip_grad_norm_ rescaled before a later backward "
+                           "of the same accumulation cycle added to them"),
     "carries_no_epoch_tail": ("{api} never applies gradients an earlier epoch's trailing micro-batches left "
                               "(a cycle crossing a training pass is no longer than one within a pass)"),
     "keeps_cycle_across_epoch": ("{api} never takes a cycle that a clear at an epoch's start cut short (a cycle "
@@ -172,6 +174,10 @@ HINTS: dict[str, str] = {
                                    "nn.Module that only sets a Python attribute, so its parameters still take "
                                    "gradients and this step updates them while the code reads as a freeze; call "
                                    "module.requires_grad_(False), or set requires_grad on each parameter"),
+    "clips_whole_cycles": ("clip_grad_norm_ ran on a partial sum of an accumulation cycle and rescaled it, and later "
+                           "micro-batches were added at full weight: the update is neither bounded nor the average "
+                           "of the cycle; clip once per optimizer step, after the cycle's last backward (under "
+                           "accelerate: inside `if accelerator.sync_gradients:`)"),
     "carries_no_epoch_tail": ("this step applies more micro-batches than any step within one epoch did: the "
                               "backwards of the previous epoch's last micro-batches were never stepped nor cleared "
                               "(the accumulation trigger counts batches per epoch and the epoch's length is not a "
