@@ -217,7 +217,7 @@ def _begin(
     if spec.api in BACKWARD_APIS and not tracer.in_optimizer_step:  # a closure's backward is the step's own
         roots = args[0] if args else kwargs.get("tensors")
         tracer.contracts.accumulation.backward(roots)
-        tracer.contracts.unstepped.backward(roots, tracer.ownership.is_trained)
+        tracer.contracts.unstepped.backward(roots, tracer.ownership.held_elsewhere)
         if tracer.contracts.foreign_grads.waiting and tracer.ownership.several_optimizers():
             tracer.contracts.foreign_grads.backward_begins(tracer.ownership.live_optimizers())
     if spec.api in BACKWARD_APIS and tracer.stage == "eval" and _trains_nothing(tracer.ownership.optimized_parameters()):

@@ -144,6 +144,16 @@ class ParameterOwnership:
                 alive.append((optimizer_id(index), [p for group in optimizer.param_groups for p in group.get("params", ())]))
         return alive
 
+    def held_elsewhere(self, optimizer: torch.optim.Optimizer) -> set[int]:
+        """Ids of the parameters the live optimizers other than ``optimizer`` hold
+        (wrappers sharing its ``param_groups`` are ``optimizer``)."""
+        held: set[int] = set()
+        for ref, ids in self._optimizers.values():
+            other = ref()
+            if other is not None and other is not optimizer and other.param_groups is not optimizer.param_groups:
+                held |= ids
+        return held
+
     def optimized_parameters(self) -> list[torch.Tensor]:
         """The parameters the live optimizers hold."""
         return [param for _, params in self.live_optimizers() for param in params]

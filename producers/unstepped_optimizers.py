@@ -9,10 +9,12 @@ follows every backward, so no backward is left unused when the critics' clear co
 So a clear of an optimizer none of whose parameters was ever trained (by any optimizer
 or by hand) is judged on ``clears_used_grads`` too, once it is not its first: it breaks
 when, since its previous clear, another optimizer stepped and a backward reached its
-parameters and no trained one (a loss of its own: the critic's, on detached fakes), and
-it still holds finite, non-zero gradients.  The generator's loss reaching a critic that
-is not trained yet (a discriminator that starts later, cleared by a loop over all
-optimizers) is no loss of the critic's; a clear during setup, gradients that are zero
+parameters and none another optimizer holds (a loss of its own: the critic's, on
+detached fakes), and it still holds finite, non-zero gradients.  The generator's loss
+reaching a critic that is not trained yet (a discriminator that starts later, cleared by
+a loop over all optimizers), and a critic's loss reaching a generator that has not
+stepped yet (SN-GAN's critic iterations on fakes not detached, clearing both), are no
+losses of their own; a clear during setup, gradients that are zero
 and a clear inside an optimizer's own update (sharpness-aware minimisation) are not
 judged either.  The autograd graph of a backward is walked only
 while such an optimizer waits, and at most `MAX_NODES` nodes of it.
@@ -41,15 +43,19 @@ class UnsteppedOptimizers:
     def stepped(self) -> None:
         self._steps += 1
 
-    def backward(self, roots: Any, is_trained: Callable[[torch.Tensor], bool]) -> None:
-        """Before a backward from ``roots`` (a tensor or a sequence of them)."""
+    def backward(self, roots: Any, held_elsewhere: Callable[[torch.optim.Optimizer], set[int]]) -> None:
+        """Before a backward from ``roots`` (a tensor or a sequence of them);
+        ``held_elsewhere(optimizer)``: ids of the parameters other optimizers hold."""
         if not self._waiting or all(self._waiting.values()):
             return
         reached = _reached_leaves(roots)
-        if reached is None or any(is_trained(leaf) for leaf in reached.values()):
+        if reached is None:
             return
-        for optimizer in list(self._waiting.keys()):
-            if any(id(param) in reached for group in optimizer.param_groups for param in group.get("params", ())):
+        for optimizer, own in list(self._waiting.items()):
+            if own or not any(id(param) in reached for group in optimizer.param_groups
+                              for param in group.get("params", ())):
+                continue
+            if not held_elsewhere(optimizer).intersection(reached):
                 self._waiting[optimizer] = True
 
     def clears_used_grads(self, optimizer: torch.optim.Optimizer, never_trained: bool,

@@ -119,6 +119,26 @@ def test_a_critic_not_trained_yet_that_only_the_generator_loss_reaches_is_not_ju
     assert _critic_phase(tmp_path, steps_critic=False, critic_loss=False)[1:] == [None, None, None]
 
 
+def test_critic_iterations_on_fakes_not_detached_that_clear_the_generator_too_keep_it(tmp_path):
+    """SN-GAN's reference loop: n critic updates per generator update, each clearing both
+    optimizers, on ``G(z)`` not detached: the critic's loss reaches the generator before
+    its first step, which is no loss of the generator's."""
+    generator, critic = nn.Linear(2, 4), nn.Linear(4, 1)
+    opt_g, opt_d = torch.optim.Adam(generator.parameters()), torch.optim.Adam(critic.parameters())
+    with producers.instrument(run_id="r-sngan", trace_dir=tmp_path, quiet=True):
+        for _ in range(3):
+            for _ in range(3):
+                opt_d.zero_grad()
+                opt_g.zero_grad()
+                (F.relu(1 - critic(torch.randn(8, 4))) + F.relu(1 + critic(generator(torch.randn(8, 2))))).mean().backward()
+                opt_d.step()
+            opt_d.zero_grad()
+            opt_g.zero_grad()
+            (-critic(generator(torch.randn(8, 2)))).mean().backward()
+            opt_g.step()
+    assert False not in _kept(tmp_path)
+
+
 def test_skipped_steps_adversarial_inputs_setup_and_closures_are_not_judged(tmp_path):
     model = _model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
