@@ -1,6 +1,6 @@
 """What the producer keeps to judge the API contracts it evaluates on calls.
 
-Each contract of `invariants.events.CONTRACTS` needs a little memory of the program's
+Each contract of `invariants.contract_apis.CONTRACTS` needs a little memory of the program's
 live objects: which optimizers stepped with state, whether a loss scale is pending,
 which modules ran with gradients since the last step, which sampler passes began,
 which optimizers have learned and for how many steps their rates have been zero,

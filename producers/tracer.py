@@ -240,7 +240,7 @@ class Tracer(StepBoundaries, ForwardHooks, StageSwitching, WorkerReports, JoinSh
         contract: dict[str, bool] | None = None,
     ) -> CallToken | None:
         """Record a ``pre`` event (and a parameter snapshot for optimizer calls);
-        ``contract``: the API contracts evaluated on this call (`invariants.events.CONTRACTS`)."""
+        ``contract``: the API contracts evaluated on this call (`invariants.contract_apis.CONTRACTS`)."""
         try:
             self.loop_signal(api)
             token = CallToken(next(self._cids), api, name)

@@ -6,7 +6,7 @@ a clip receives are still multiplied by a ``GradScaler``'s loss scale, whether a
 restored state dict holds anything the module does not hold already, whether a new
 optimizer starts over the state of an identical one that was training the same
 parameters.  The producer evaluates each on the call it is about and sends the answer
-(``ctx.contract``, see `invariants.events.CONTRACTS`); this template turns the answers
+(``ctx.contract``, see `invariants.contract_apis.CONTRACTS`); this template turns the answers
 into sites, so whether a contract ships is still decided by inference and the shipping
 rules, like any other hypothesis.  The contracts bind in every stage, precision and
 grad mode, so sites keep no context.
@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Mapping
 
-from ..events import CLIP_GRAD_NORM, CONTRACTS, SCHEDULER_STEP
+from ..contract_apis import CONTRACTS
+from ..events import CLIP_GRAD_NORM, SCHEDULER_STEP
 from ..window import FactPlan
 from .base import Mode, Site, Template
 from .view import WindowView

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from invariants.events import CLIP_GRAD_NORM, CONTRACTS, MODULE_LOAD_STATE_DICT, OPTIMIZER_STEP, make_batch
+from invariants.contract_apis import CONTRACTS
+from invariants.events import CLIP_GRAD_NORM, MODULE_LOAD_STATE_DICT, OPTIMIZER_STEP, make_batch
 from invariants.inference import Inferencer
 from invariants.relations import TEMPLATES
 from tests.support.relation_batches import check
