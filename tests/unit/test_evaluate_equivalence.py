@@ -18,6 +18,7 @@ evidence, counts) and the run-level facts evaluation writes.
 Regenerate only when a change of *meaning* is intended::
 
     python tests/unit/test_evaluate_equivalence.py --regenerate [--silent-bugs-work DIR]
+    python tests/unit/test_evaluate_equivalence.py --regenerate --golden-only   # same windows, new meaning
 """
 
 from __future__ import annotations
@@ -286,6 +287,10 @@ def regenerate(work: Path | None) -> None:
         for label, batches in _silent_bug_traces(work):
             windows[label] = _closed_windows(sets.values(), batches, trace=True)
     WINDOWS_FILE.write_bytes(gzip.compress(msgpack.packb(windows, use_bin_type=True), mtime=0))
+    write_golden(sets, windows)
+
+
+def write_golden(sets: dict[str, InvariantSet], windows: dict[str, list[bytes]]) -> None:
     golden = {f"{name}|{label}": evaluate_trace(invariant_set, raw)
               for name, invariant_set in sets.items() for label, raw in windows.items()}
     GOLDEN_FILE.write_bytes(gzip.compress(json.dumps(golden, sort_keys=True).encode(), mtime=0))
@@ -299,7 +304,12 @@ def main() -> int:
     parser.add_argument("--regenerate", action="store_true", required=True)
     parser.add_argument("--silent-bugs-work", type=Path, default=ROOT / "benchmarks" / "silent_bugs" / ".work",
                         help="a silent-bug benchmark work directory with traces (skipped if absent)")
+    parser.add_argument("--golden-only", action="store_true",
+                        help="keep the sets and windows; re-evaluate them (a change of what a relation means)")
     args = parser.parse_args()
+    if args.golden_only:
+        write_golden(load_sets(), load_windows())
+        return 0
     work = args.silent_bugs_work if (args.silent_bugs_work / "bugs").is_dir() else None
     regenerate(work)
     return 0
