@@ -304,10 +304,11 @@ def _changes_some_site(view: WindowView, rank: int, api: str, attr: str, effect:
     skipped (Lightning when ``training_step`` returns None, as a first batch that only
     initialises data-dependent layers does).  A step without gradients *after*
     backwards ran is judged: an optimizer left holding a discarded model's tensors.
-    Nor is an optimizer's first step that changed nothing judged: a warm-up from 0
-    written inside the optimizer's own update (BertAdam scales its rate by the schedule
-    in ``step``, so the groups' ``lr`` is not 0) starts with an update of nothing; an
-    optimizer that never updates anything is reported at its second step."""
+    Nor is an optimizer's first step that had gradients and changed nothing judged: a
+    warm-up from 0 written inside the optimizer's own update (BertAdam scales its rate by
+    the schedule in ``step``, so the groups' ``lr`` is not 0) starts with an update of
+    nothing; an optimizer that never updates anything is reported at its second step, and
+    one whose parameters get no gradient at all (frozen by mistake) at its first."""
     compared = with_grad = significant = 0
     changed = False
     first = None
@@ -330,7 +331,7 @@ def _changes_some_site(view: WindowView, rank: int, api: str, attr: str, effect:
         return None  # every gradient is below what can move float32 weights: proves nothing
     if not changed and not with_grad and call_fact("backprop") is False:
         return None
-    if not changed and call_fact("trained") is False:
+    if not changed and with_grad and call_fact("trained") is False:
         return None
     return Site(
         family=("state", api, attr, effect),

@@ -88,6 +88,12 @@ def test_an_optimizers_first_step_that_changes_nothing_is_not_judged():
     marked = [first_step_of_a_new_optimizer(b) if b["step"] == first else b for b in batches]
     assert [v.step for v in check([inv], marked)][:1] == [first + 1]
 
+    def no_grad(attrs, at):  # an optimizer over parameters frozen by mistake: no gradient at all
+        attrs.update(grad_digest=None, grad_norm=None, requires_grad=False)
+
+    frozen = _optimizer_step_snapshots(marked, first, no_grad)
+    assert [v.step for v in check([inv], frozen)][:1] == [first]
+
 
 def test_optimizer_step_with_only_vanishing_gradients_is_not_judged():
     inv = find("EventContain", form="state", api="torch.optim.Optimizer.step", effect="changes_some")
