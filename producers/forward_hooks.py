@@ -62,8 +62,9 @@ class ForwardHooks:
                     self._set_auto_stage(stage_of(model, self.registry.roots(), self.ownership.optimizes_inputs_of))
                     if model.training and torch.is_grad_enabled():
                         self.contracts.autocast_cache.training_forward(self._autocast_devices)
-                        with tls.own_work():  # fingerprints of freshly loaded weights
-                            self.contracts.resumed_weights.training_forward_began(model)
+                        if self.contracts.resumed_weights.looking:
+                            with tls.own_work():  # fingerprints of freshly loaded weights
+                                self.contracts.resumed_weights.training_forward_began(model)
                         self.root_forward_signal()
                 elif self.registry.runs_swapped_out(module) and module.training and torch.is_grad_enabled():
                     self.root_forward_signal()  # a model under torch.func.functional_call
@@ -140,7 +141,7 @@ class ForwardHooks:
         try:
             if tls.depth > 0:
                 tls.depth -= 1
-                if tls.depth == 0:
+                if tls.depth == 0 and self.contracts.resumed_weights.looking:
                     with tls.own_work():
                         self.contracts.resumed_weights.training_forward_ended()
             cid = tls.forward_cids.pop() if tls.forward_cids else None

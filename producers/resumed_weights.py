@@ -60,6 +60,12 @@ class ResumedWeights:
             self._unwatched[param] = True
         self._forwards_left = WATCHED_FORWARDS
 
+    @property
+    def looking(self) -> bool:
+        """Whether a load's first forward is still to come or in progress (the forward hooks
+        ask before anything else, on every root forward)."""
+        return bool(self._unwatched) or bool(self._watched)
+
     def training_forward_began(self, model: torch.nn.Module) -> None:
         """A training-mode forward of ``model`` (a root) with gradients begins: its first
         since its parameters were loaded is watched."""
