@@ -172,7 +172,7 @@ class ContractFacts:
         """After an optimizer's step: what the contracts of later calls remember of it."""
         self.restarts.stepped(optimizer)
         self.wasted_grads.step_ended(optimizer)
-        self.unstepped.stepped()
+        self.unstepped.stepped(optimizer)
         self.epoch_schedules.optimizer_stepped(optimizer)
         self.graph_cuts.stepped()
         self.averaged_copies.optimizer_stepped()

@@ -17,7 +17,8 @@ stepped yet (SN-GAN's critic iterations on fakes not detached, clearing both), a
 losses of their own; a clear during setup, gradients that are zero
 and a clear inside an optimizer's own update (sharpness-aware minimisation) are not
 judged either.  The autograd graph of a backward is walked only
-while such an optimizer waits, and at most `MAX_NODES` nodes of it.
+while such an optimizer waits, at most `MAX_NODES` nodes of it, and an optimizer that
+went `QUIET_CLEARS` clears without a loss of its own is no longer waited for.
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 #: autograd nodes walked per backward to find the parameters it reaches
 MAX_NODES = 20_000
+#: clears, each after another optimizer's step, without a loss of the optimizer's own
+#: before it is no longer watched (a discriminator that starts much later must not
+#: have every backward's graph walked until it does)
+QUIET_CLEARS = 8
 
 
 class UnsteppedOptimizers:
@@ -39,9 +44,14 @@ class UnsteppedOptimizers:
         self._steps = 0
         self._cleared_at: WeakIdKeyDictionary[torch.optim.Optimizer, int] = WeakIdKeyDictionary()
         self._waiting: WeakIdKeyDictionary[torch.optim.Optimizer, bool] = WeakIdKeyDictionary()
+        self._quiet: WeakIdKeyDictionary[torch.optim.Optimizer, int] = WeakIdKeyDictionary()
 
-    def stepped(self) -> None:
+    def stepped(self, optimizer: torch.optim.Optimizer) -> None:
+        """After ``optimizer``'s step: it trains now, so it is judged by
+        `producers.wasted_grads` and no longer waited for here."""
         self._steps += 1
+        self._waiting.pop(optimizer, None)
+        self._cleared_at.pop(optimizer, None)
 
     def backward(self, roots: Any, held_elsewhere: Callable[[torch.optim.Optimizer], set[int]]) -> None:
         """Before a backward from ``roots`` (a tensor or a sequence of them);
@@ -67,9 +77,15 @@ class UnsteppedOptimizers:
             self._cleared_at.pop(optimizer, None)
             return None
         self._cleared_at[optimizer] = self._steps
-        self._waiting[optimizer] = False
-        if before is None or before == self._steps or not own_loss:
+        if before is None or before == self._steps:
+            self._waiting[optimizer] = False
             return None
+        if not own_loss:
+            quiet = self._quiet[optimizer] = self._quiet.get(optimizer, 0) + 1
+            if quiet < QUIET_CLEARS:
+                self._waiting[optimizer] = False
+            return None
+        self._waiting[optimizer] = False
         return False if wasted(optimizer) else None
 
 

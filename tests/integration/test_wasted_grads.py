@@ -119,6 +119,25 @@ def test_a_critic_not_trained_yet_that_only_the_generator_loss_reaches_is_not_ju
     assert _critic_phase(tmp_path, steps_critic=False, critic_loss=False)[1:] == [None, None, None]
 
 
+def test_a_critic_that_starts_much_later_stops_being_watched(tmp_path, monkeypatch):
+    """Its clears find no loss of its own: after a few, no backward's graph is walked for it."""
+    from producers import unstepped_optimizers
+
+    walks = []
+    walk = unstepped_optimizers._reached_leaves
+    monkeypatch.setattr(unstepped_optimizers, "_reached_leaves", lambda roots: walks.append(1) or walk(roots))
+    generator, critic = nn.Linear(2, 4), nn.Linear(4, 1)
+    opt_g, opt_d = torch.optim.Adam(generator.parameters()), torch.optim.Adam(critic.parameters())
+    with producers.instrument(run_id="r-late", trace_dir=tmp_path, quiet=True):
+        for _ in range(3 * unstepped_optimizers.QUIET_CLEARS):
+            opt_d.zero_grad()
+            opt_g.zero_grad()
+            (-critic(generator(torch.randn(8, 2)))).mean().backward()
+            opt_g.step()
+    assert False not in _kept(tmp_path)
+    assert 0 < len(walks) <= unstepped_optimizers.QUIET_CLEARS + 1
+
+
 def test_critic_iterations_on_fakes_not_detached_that_clear_the_generator_too_keep_it(tmp_path):
     """SN-GAN's reference loop: n critic updates per generator update, each clearing both
     optimizers, on ``G(z)`` not detached: the critic's loss reaches the generator before
