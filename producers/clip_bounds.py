@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from .ownership import held_parameters
+
 #: relative slack over the bound: the clip scales by max_norm / (norm + 1e-6), and in a
 #: low-precision gradient dtype each scaled element rounds (bf16: about 0.4 % per element)
 TOLERANCE = 1e-3
@@ -77,14 +79,10 @@ class ClipBounds:
         """Judged before a step of ``optimizer`` (None: no clip since the latest backward, or
         not judged); the clips are used up."""
         clips, self._clips = self._clips, []
-        verdicts = [_within(tensors or _held(optimizer), bound, norm_type) for tensors, bound, norm_type in clips]
+        verdicts = [_within(tensors or held_parameters(optimizer), bound, norm_type) for tensors, bound, norm_type in clips]
         if False in verdicts:
             return False
         return True if True in verdicts else None
-
-
-def _held(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    return [p for group in optimizer.param_groups for p in group.get("params", ()) if isinstance(p, torch.Tensor)]
 
 
 def _within(tensors: list[torch.Tensor], bound: float, norm_type: float) -> bool | None:

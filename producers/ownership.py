@@ -27,6 +27,11 @@ from invariants.events import optimizer_id
 from .digest import data_address, tensor_digests
 
 
+def held_parameters(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The tensors an optimizer's parameter groups hold."""
+    return [p for group in optimizer.param_groups for p in group.get("params", ()) if isinstance(p, torch.Tensor)]
+
+
 def optimizer_param_ids(optimizer: torch.optim.Optimizer) -> frozenset[int]:
     return frozenset(id(p) for group in optimizer.param_groups for p in group.get("params", ()))
 

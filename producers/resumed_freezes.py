@@ -21,6 +21,8 @@ from __future__ import annotations
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from .ownership import held_parameters
+
 
 class ResumedFreezes:
     """Optimizers resumed since their latest step, and the parameters frozen when they were."""
@@ -30,7 +32,7 @@ class ResumedFreezes:
 
     def optimizer_loaded(self, optimizer: torch.optim.Optimizer) -> None:
         if any(optimizer.state.values()):
-            self._frozen_at_resume[optimizer] = {id(param) for param in _held(optimizer) if not param.requires_grad}
+            self._frozen_at_resume[optimizer] = {id(param) for param in held_parameters(optimizer) if not param.requires_grad}
 
     def resumes_trained_parameters(self, optimizer: torch.optim.Optimizer) -> bool | None:
         """Judged before a step of ``optimizer`` (None: no resume since its previous step)."""
@@ -39,9 +41,5 @@ class ResumedFreezes:
             return None
         state = optimizer.state
         return not any(param.grad is not None and not state.get(param) and id(param) not in frozen
-                       for param in _held(optimizer))
+                       for param in held_parameters(optimizer))
 
-
-def _held(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    return [param for group in optimizer.param_groups for param in group.get("params", ())
-            if isinstance(param, torch.Tensor)]
